@@ -1,0 +1,36 @@
+# The two commands a newcomer types: `make demo` and `make test`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test conformance bench report install clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Installs torch first, pinned, so pip never resolves a bare `torch` (a multi-GB CUDA build);
+# then the package against it without build isolation (it compiles csrc/ against that torch).
+$(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+	$(PY) -m pip install -q --upgrade "setuptools>=64" wheel
+	$(PY) -m pip install -q "$(TORCH)" numpy
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m eagerdecomp.demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+conformance: install
+	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q $(PYTEST_ARGS)
+
+bench: install
+	$(PY) bench/micro.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info eagerdecomp/*.so

@@ -1,0 +1,57 @@
+"""The one error hierarchy of eagerdecomp.
+
+Every message names the op, what was expected, what was found, and what to do.
+"""
+
+__all__ = [
+    "EagerDecompError",
+    "UnknownOpError",
+    "UnsupportedOpError",
+    "UnsupportedArgumentError",
+    "DeviceMismatchError",
+    "TraceError",
+    "MismatchError",
+    "BackendError",
+]
+
+
+class EagerDecompError(RuntimeError):
+    """Base class of every error raised by eagerdecomp."""
+
+
+class UnknownOpError(EagerDecompError, ValueError):
+    """An op name in an opset or table does not name any registered operator."""
+
+
+class UnsupportedOpError(EagerDecompError, NotImplementedError):
+    """An op has no path to the target opset (``chain`` says where it got stuck)."""
+
+    def __init__(self, op, chain=(), reason="no decomposition"):
+        self.op, self.chain, self.reason = op, tuple(chain), reason
+        path = " -> ".join(str(o) for o in self.chain) or str(op)
+        super().__init__(
+            f"{op} has no path to the target opset: {path}: {reason}. "
+            "Add the blocking op to the opset, register a decomposition for it with "
+            "eagerdecomp.register_decomposition, or pass on_unsupported='fallthrough' "
+            "to run it natively."
+        )
+
+
+class UnsupportedArgumentError(EagerDecompError, TypeError):
+    """An op was called with an argument eagerdecomp cannot key or replay."""
+
+
+class DeviceMismatchError(EagerDecompError):
+    """Tensor arguments of one call live on devices that eager would not mix."""
+
+
+class TraceError(EagerDecompError):
+    """Tracing a decomposition into a kernel failed for a reason other than a missing path."""
+
+
+class MismatchError(EagerDecompError):
+    """A decomposition or replay produced outputs whose metadata differ from the op's own."""
+
+
+class BackendError(EagerDecompError):
+    """Misuse of the device switch (unknown device, enable twice, opset op without a kernel)."""
