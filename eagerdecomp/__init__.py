@@ -1,0 +1,47 @@
+"""eagerdecomp: run the whole ATen surface in eager mode on a backend that
+implements only Core ATen (or Prims).
+
+Ops outside the target opset are decomposed with PyTorch's own decomposition
+library, traced once into an FX kernel per key, cached, and replayed.
+
+Example::
+
+    >>> import torch, eagerdecomp as ed
+    >>> with ed.EagerDecompMode("core_aten") as mode:
+    ...     y = torch.nn.functional.gelu(torch.randn(8)).sum()
+    >>> print(mode.report())  # doctest: +SKIP
+"""
+
+from .cache import cache_clear, cache_info
+from .errors import (
+    BackendError,
+    DeviceMismatchError,
+    EagerDecompError,
+    MismatchError,
+    TraceError,
+    UnknownOpError,
+    UnsupportedArgumentError,
+    UnsupportedOpError,
+)
+from .mode import EagerDecompMode
+from .opset import PRESETS, OpSet
+from .table import register_decomposition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EagerDecompMode",
+    "OpSet",
+    "PRESETS",
+    "register_decomposition",
+    "cache_info",
+    "cache_clear",
+    "EagerDecompError",
+    "UnknownOpError",
+    "UnsupportedOpError",
+    "UnsupportedArgumentError",
+    "DeviceMismatchError",
+    "TraceError",
+    "MismatchError",
+    "BackendError",
+]

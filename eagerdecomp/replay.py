@@ -1,0 +1,55 @@
+"""Replay: run a traced kernel on the real arguments of a call.
+
+A :class:`Kernel` is the FX graph of one op's decomposition for one key. Its
+``forward`` takes the call's tensors in key order and returns a flat list;
+the op's output structure (tensor, tuple, list) is rebuilt from ``spec``.
+In-place and out= ops return their mutated input object because the graph
+ends in the ``copy_`` (or placeholder) that *is* that object; views come out
+as views because the graph's view ops run on the real inputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+from torch.utils._pytree import tree_unflatten
+
+__all__ = ["Kernel"]
+
+
+class Kernel:
+    """A cached, replayable decomposition of one op for one key."""
+
+    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups")
+
+    def __init__(self, op, module, spec, warnings_=(), fixups=()):
+        self.op = op
+        self.module = module
+        # the generated forward, called directly: skips nn.Module.__call__ and its hooks
+        self.fn = module.forward
+        self.spec = spec
+        self.single = spec.num_leaves == 1 and spec.is_leaf()
+        # warnings the op raises on every call (e.g. out= resize) were raised once,
+        # while tracing; replay raises them again so eager's behaviour is kept
+        self.warnings = tuple(warnings_)
+        calls = [n.target for n in module.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")]
+        self.leaf_ops = tuple(sorted(set(calls), key=str))
+        self.random = any("nondeterministic_seeded" in [t.name for t in op.tags] for op in self.leaf_ops)
+        self.fixups = tuple(fixups)
+
+    def __call__(self, tensors: Sequence):
+        flat = self.fn(*tensors)
+        for message, category in self.warnings:
+            warnings.warn(message, category, stacklevel=3)
+        if self.single:
+            return flat[0]
+        return tree_unflatten(flat, self.spec)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.op}, {len(self.leaf_ops)} leaf ops)"
+
+    @property
+    def code(self) -> str:
+        """The Python source of the replayed graph (for debugging and reports)."""
+        return self.module.code

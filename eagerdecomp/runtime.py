@@ -1,0 +1,135 @@
+"""The runtime: route one op call to pass-through, cached replay, eager decomposition,
+native fallthrough or an error. Shared by the dispatch mode and the device switch.
+
+Routes are decided once per op (by membership and op tags) and kept in a
+dict, so a call costs one lookup before its real work.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .cache import KernelCache, Negative, cache_for
+from .errors import EagerDecompError, UnsupportedOpError
+from .key import Bypass, make_key
+from .lower import Lowerer, Stuck, is_metadata_query
+from .opset import OpSet
+from .report import Stats
+from .table import default_table
+from . import table as _table
+from .trace import trace
+
+__all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
+
+ON_UNSUPPORTED = ("error", "fallthrough", "warn")
+
+# Ops whose outputs cannot be replayed from a kernel traced over fake tensors.
+# NOTE: decided by tags, as FakeTensor's cache does, not by a hand list.
+_BYPASS_TAGS = {
+    torch.Tag.data_dependent_output: "data-dependent output",
+    torch.Tag.dynamic_output_shape: "dynamic output shape",
+}
+
+
+def _call(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
+class Runtime:
+    """Decomposes calls of ops outside ``opset``; one per mode or device switch.
+
+    The kernel cache is shared by every runtime with the same opset and table.
+    """
+
+    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error"):
+        if on_unsupported not in ON_UNSUPPORTED:
+            raise EagerDecompError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
+        self.opset = opset
+        self.ops = opset.ops  # a frozenset: the pass-through test is one hash lookup
+        self.table = table
+        self.cache = cache
+        self.on_unsupported = on_unsupported
+        self.stats = Stats()
+        self._routes: dict = {}
+
+    # -- routing -------------------------------------------------------------------
+    def __call__(self, func, args, kwargs):
+        route = self._routes.get(func)
+        if route is None:
+            route = self._routes[func] = self._route_for(func)
+        return route(func, args, kwargs)
+
+    def _route_for(self, func):
+        if func in self.ops or is_metadata_query(func):
+            return self.passthrough
+        for tag, reason in _BYPASS_TAGS.items():
+            if tag in func.tags:
+                return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
+        return self.decompose
+
+    # -- routes --------------------------------------------------------------------
+    def passthrough(self, func, args, kwargs):
+        self.stats.passthrough[func] += 1
+        return func(*args, **kwargs)
+
+    def decompose(self, func, args, kwargs):
+        """Replay the cached kernel for this call's key, tracing it on a miss."""
+        try:
+            key, tensors = make_key(func, args, kwargs)
+        except Bypass as b:
+            return self.bypass(func, args, kwargs, b.reason)
+        entry = self.cache.get(key)
+        if entry is None:
+            self.stats.misses[func] += 1
+            entry = self._trace(func, args, kwargs, tensors)
+            self.cache.put(key, entry)
+        else:
+            self.stats.hits[func] += 1
+        if type(entry) is Negative:
+            self.stats.negative[func, entry.reason] += 1
+            if entry.kind == "bypass":
+                return self._lower_eagerly(func, args, kwargs)
+            return self.unsupported(func, args, kwargs, entry.error)
+        return entry(tensors)
+
+    def _trace(self, func, args, kwargs, tensors):
+        try:
+            kernel = trace(func, args, kwargs, tensors, self.opset, self.table)
+        except Bypass as b:
+            return Negative("bypass", b.reason)
+        except UnsupportedOpError as e:
+            return Negative("unsupported", e.reason, e)
+        self.stats.traces[func] += 1
+        self.stats.record_kernel(kernel)
+        return kernel
+
+    def bypass(self, func, args, kwargs, reason):
+        """Decompose eagerly on the real tensors: still only opset ops run below."""
+        self.stats.bypassed[func, reason] += 1
+        return self._lower_eagerly(func, args, kwargs)
+
+    def _lower_eagerly(self, func, args, kwargs):
+        try:
+            return Lowerer(self.opset, self.table, _call).lower(func, args, kwargs)
+        except Stuck as e:
+            return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason))
+
+    def unsupported(self, func, args, kwargs, error: UnsupportedOpError):
+        self.stats.unsupported[func] += 1
+        if self.on_unsupported == "error":
+            raise error
+        if self.on_unsupported == "warn":
+            warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
+        self.stats.fallthrough[func] += 1
+        return func(*args, **kwargs)
+
+
+def runtime_for(opset, decompositions=None, on_unsupported: str = "error") -> Runtime:
+    """A fresh runtime (own stats) over the process-wide cache of ``(opset, table)``."""
+    opset = OpSet.coerce(opset)
+    extra = dict(decompositions or {})
+    table = default_table(opset, extra.items())
+    fingerprint = (opset, frozenset(extra.items()), _table.VERSION)
+    return Runtime(opset, table, cache_for(fingerprint), on_unsupported)

@@ -1,0 +1,106 @@
+"""In-place and out= variants derived from their functional op.
+
+``add_`` is ``add`` followed by a ``copy_`` into ``self``; ``add.out`` is
+``add`` followed by an eager-style resize of ``out`` and a ``copy_`` into it.
+PyTorch's refs express the same with prims, which run in Python in eager; when
+the opset is aten-based these rules stay in aten and reach the opset through
+the functional op's own decomposition.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+__all__ = ["functional_variant", "variant_table"]
+
+
+def _arg_types(op, skip_out: bool):
+    args = op._schema.arguments
+    if skip_out:
+        args = [a for a in args if not (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)]
+    return [str(a.type) for a in args], [a.name for a in args]
+
+
+@functools.lru_cache(maxsize=None)
+def functional_variant(op):
+    """``aten.add_.Tensor -> aten.add.Tensor``, ``aten.add.out -> aten.add.Tensor``, else None.
+
+    The functional overload has the same argument types, minus the out arguments.
+    """
+    name = op._schema.name.split("::")[-1]
+    is_out = torch.Tag.out in op.tags or op._overloadname.endswith("out")
+    if not is_out and not name.endswith("_"):
+        return None
+    ns = getattr(torch.ops, op._schema.name.split("::")[0])
+    packet = getattr(ns, name if is_out else name[:-1], None)
+    if packet is None:
+        return None
+    want, _ = _arg_types(op, skip_out=is_out)
+    for overload in packet.overloads():
+        cand = getattr(packet, overload)
+        if cand is op or torch.Tag.out in cand.tags or any(a.alias_info and a.alias_info.is_write for a in cand._schema.arguments):
+            continue
+        if _arg_types(cand, skip_out=False)[0] == want and len(cand._schema.returns) >= 1:
+            return cand
+    return None
+
+
+def _check_cast(op, result, dest) -> None:
+    if not torch.can_cast(result.dtype, dest.dtype):
+        raise RuntimeError(f"{op}: result type {result.dtype} can't be cast to the desired output type {dest.dtype}")
+
+
+def _inplace(op, functional, self, *args, **kwargs):
+    result = functional(self, *args, **kwargs)
+    _check_cast(op, result, self)
+    if result.shape != self.shape:
+        raise RuntimeError(
+            f"{op}: output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}"
+        )
+    return self.copy_(result)
+
+
+def _resize_out(out, shape) -> None:
+    if out.shape == shape:
+        return
+    if out.numel() != 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+            f"which does not match the required output shape {list(shape)}. Resizing non-empty outputs "
+            "is deprecated; resize them to zero elements first with t.resize_(0).",
+            UserWarning,
+            stacklevel=2,
+        )
+    out.resize_(shape)
+
+
+def _out(op, functional, *args, **kwargs):
+    outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+    result = functional(*args, **kwargs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if len(results) != len(outs):
+        return NotImplemented
+    for res, out in zip(results, outs):
+        _check_cast(op, res, out)
+        _resize_out(out, res.shape)
+        out.copy_(res)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def variant_table(ops) -> dict:
+    """``{op: fn}`` for every in-place or out= overload in ``ops`` that has a functional variant."""
+    table = {}
+    for op in ops:
+        mutable = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+        if not mutable or torch.Tag.inplace_view in op.tags:
+            continue
+        functional = functional_variant(op)
+        if functional is None:
+            continue
+        is_out = any(a.kwarg_only and a.alias_info and a.alias_info.is_write for a in op._schema.arguments)
+        rule = _out if is_out else _inplace
+        table[op] = functools.partial(rule, op, functional)
+    return table
