@@ -29,11 +29,17 @@ _IDENTITY = {aten.lift_fresh.default}
 
 
 
-def is_metadata_query(func) -> bool:
-    """TorchScript ``prim::`` ops (``prim::device``, ``prim::dtype``...) reach dispatch
-    modes when decompositions read tensor metadata. They compute nothing: they run
-    as they are and are never recorded into a kernel."""
-    return func.namespace == "prim"
+# Namespaces of ops that compute nothing a backend runs: they pass through as they
+# are and are never recorded into a kernel.
+INFRA_NAMESPACES = {
+    "prim": "TorchScript metadata queries (prim::device, prim::dtype) made by decompositions",
+    "profiler": "torch.profiler bookkeeping (record_function enter/exit), e.g. around optimizer steps",
+}
+
+
+def is_infrastructure(func) -> bool:
+    """True for ops of :data:`INFRA_NAMESPACES`."""
+    return func.namespace in INFRA_NAMESPACES
 
 
 class Stuck(Exception):
@@ -58,7 +64,7 @@ class Lowerer(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in self.opset:
             return self.emit(func, args, kwargs)
-        if is_metadata_query(func):
+        if is_infrastructure(func):
             return func(*args, **kwargs)
         return self.lower(func, args, kwargs)
 

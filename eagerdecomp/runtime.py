@@ -14,7 +14,7 @@ import torch
 from .cache import KernelCache, Negative, cache_for
 from .errors import EagerDecompError, UnsupportedOpError
 from .key import Bypass, make_key
-from .lower import Lowerer, Stuck, is_metadata_query
+from .lower import Lowerer, Stuck, is_infrastructure
 from .opset import OpSet
 from .report import Stats
 from .table import default_table
@@ -62,7 +62,7 @@ class Runtime:
         return route(func, args, kwargs)
 
     def _route_for(self, func):
-        if func in self.ops or is_metadata_query(func):
+        if func in self.ops or is_infrastructure(func):
             return self.passthrough
         for tag, reason in _BYPASS_TAGS.items():
             if tag in func.tags:
