@@ -45,11 +45,12 @@ class KernelCache:
 
     def get(self, key):
         with self._lock:
-            entry = self._lru.get(key)
-            if entry is None:
+            try:
+                entry = self._lru[key]  # one lookup, and marks the key most recently used
+            except KeyError:
                 self.misses += 1
-            else:
-                self.hits += 1
+                return None
+            self.hits += 1
             return entry
 
     def put(self, key, entry) -> None:

@@ -25,13 +25,13 @@ class Stats:
         self.unsupported = Counter()
         self.fallthrough = Counter()
         self.leaf_ops: dict = {}  # op -> set of opset ops its kernels call
-        self.fixups = Counter()  # (op, fixup) -> n
+        self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
         self.random = set()  # ops whose kernels draw random numbers
 
     def record_kernel(self, kernel) -> None:
+        """Note what ``kernel`` runs (on each trace, and on the first hit of an op)."""
         self.leaf_ops.setdefault(kernel.op, set()).update(kernel.leaf_ops)
-        for f in kernel.fixups:
-            self.fixups[kernel.op, f] += 1
+        self.fixups.setdefault(kernel.op, set()).update(kernel.fixups)
         if kernel.random:
             self.random.add(kernel.op)
 
@@ -55,7 +55,7 @@ class Stats:
                     unsupported=self.unsupported[op],
                     fallthrough=self.fallthrough[op],
                     into=sorted(str(o) for o in self.leaf_ops.get(op, ())),
-                    fixups={f: n for (o, f), n in self.fixups.items() if o == op},
+                    fixups=sorted(self.fixups.get(op, ())),
                     random=op in self.random,
                 )
             )
@@ -74,7 +74,7 @@ class OpRow:
     unsupported: int = 0
     fallthrough: int = 0
     into: list = field(default_factory=list)
-    fixups: dict = field(default_factory=dict)
+    fixups: list = field(default_factory=list)
     random: bool = False
 
     @property
@@ -109,7 +109,8 @@ class Report:
         return next((r for r in self.rows if r.op == str(op)), None)
 
     def __str__(self) -> str:
-        head = f"{'op':48} {'route':12} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5}  notes"
+        width = max([48] + [len(r.op) for r in self.rows])
+        head = f"{'op':{width}} {'route':12} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5}  notes"
         lines = [head, "-" * len(head)]
         for r in self.rows:
             calls = r.calls
@@ -118,12 +119,12 @@ class Report:
                 notes.append("-> " + ", ".join(o.removeprefix("aten.") for o in r.into))
             notes += [f"bypass[{k}]={v}" for k, v in r.bypassed.items()]
             notes += [f"eager[{k}]={v}" for k, v in r.negative.items()]
-            notes += [f"{k}={v}" for k, v in r.fixups.items()]
+            notes += [f"fix-up: {f}" for f in r.fixups]
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:
                 notes.append("draws random numbers (stream may differ from the native kernel)")
-            lines.append(f"{r.op:48} {r.route:12} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}")
+            lines.append(f"{r.op:{width}} {r.route:12} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}")
         counts = {k: len(self.by_route(k)) for k in ("passthrough", "decomposed", "bypassed", "unsupported")}
         lines.append(", ".join(f"{v} {k}" for k, v in counts.items()) + " ops")
         return "\n".join(lines)

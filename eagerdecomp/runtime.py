@@ -16,6 +16,7 @@ from .errors import EagerDecompError, UnsupportedOpError
 from .key import Bypass, make_key
 from .lower import Lowerer, Stuck, is_infrastructure
 from .opset import OpSet
+from .replay import Kernel
 from .report import Stats
 from .table import default_table
 from . import table as _table
@@ -80,19 +81,22 @@ class Runtime:
             key, tensors = make_key(func, args, kwargs)
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
+        stats = self.stats
         entry = self.cache.get(key)
         if entry is None:
-            self.stats.misses[func] += 1
+            stats.misses[func] += 1
             entry = self._trace(func, args, kwargs, tensors)
             self.cache.put(key, entry)
         else:
-            self.stats.hits[func] += 1
-        if type(entry) is Negative:
-            self.stats.negative[func, entry.reason] += 1
-            if entry.kind == "bypass":
-                return self._lower_eagerly(func, args, kwargs)
-            return self.unsupported(func, args, kwargs, entry.error)
-        return entry(tensors)
+            stats.hits[func] += 1
+        if type(entry) is Kernel:
+            if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
+                stats.record_kernel(entry)
+            return entry(tensors)
+        stats.negative[func, entry.reason] += 1
+        if entry.kind == "bypass":
+            return self._lower_eagerly(func, args, kwargs)
+        return self.unsupported(func, args, kwargs, entry.error)
 
     def _trace(self, func, args, kwargs, tensors):
         try:

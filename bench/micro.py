@@ -1,0 +1,189 @@
+"""Micro-benchmark: what a decomposed op costs under eagerdecomp.
+
+For each non-core op and size, microseconds per call of:
+  native  the op's own kernel, no mode
+  naive   its decomposition re-run on every call in a dispatch mode (no cache)
+  cached  EagerDecompMode("core_aten"): key, cache hit, replay of the traced kernel
+  floor   the same core ops the kernel runs, called directly with no mode
+and the pass-through cost of an opset op: our mode vs a do-nothing TorchDispatchMode.
+
+Variants are timed interleaved, round after round, and ratios are taken per
+round then reduced by median, so machine noise hits all variants alike.
+
+    python bench/micro.py [--rounds 15] [--sizes 64,1048576] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import eagerdecomp as ed
+from eagerdecomp.key import make_key
+from eagerdecomp.lower import Lowerer
+from eagerdecomp.runtime import runtime_for
+
+aten = torch.ops.aten
+
+
+def _call(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
+class DoNothing(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def r(n, *shape):
+    return torch.randn(*shape) if shape else torch.randn(n)
+
+
+def cases(n):
+    """(name, op, args, kwargs) for ``n`` elements."""
+    rows = max(1, n // 64)
+    x, y, z = torch.randn(n), torch.randn(n), torch.randn(n)
+    logits = torch.randn(rows, 64).log_softmax(-1)
+    target = torch.randint(0, 64, (rows,))
+    sm = torch.randn(rows, 64).softmax(-1)
+    return [
+        ("addcmul", aten.addcmul.default, (x, y, z), {"value": 0.5}),
+        ("silu", aten.silu.default, (x,), {}),
+        ("hardswish", aten.hardswish.default, (x,), {}),
+        ("logaddexp", aten.logaddexp.default, (x, y), {}),
+        ("softplus", aten.softplus.default, (x, 2.0, 20.0), {}),
+        ("mse_loss", aten.mse_loss.default, (x, y), {}),
+        ("huber_loss", aten.huber_loss.default, (x, y), {}),
+        ("glu", aten.glu.default, (torch.randn(rows, 128), -1), {}),
+        ("elu_backward", aten.elu_backward.default, (y, 1.0, 1.0, 1.0, False, x), {}),
+        ("_softmax_backward_data", aten._softmax_backward_data.default, (y.view(rows, -1), sm.view(rows, -1), -1, torch.float32), {}),
+        ("nll_loss_forward", aten.nll_loss_forward.default, (logits, target, None, 1, -100), {}),
+        ("transpose (view)", aten.transpose.int, (torch.randn(rows, 64), 0, 1), {}),
+        ("lerp", aten.lerp.Scalar, (x, y, 0.3), {}),
+        ("add_ (in-place)", aten.add_.Tensor, (x.clone(), y), {}),
+    ]
+
+
+def _per_call(batch, iters):
+    t0 = time.perf_counter()
+    batch(iters)
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def _iters_for(fn, budget=0.01):
+    t = _per_call(fn, 3) / 1e6
+    return max(3, min(2000, int(budget / max(t, 1e-7))))
+
+
+class Capture(TorchDispatchMode):
+    """Records the first call exactly as a dispatch mode receives it (defaults stripped)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.__dict__.setdefault("seen", (func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def bench_op(op, args, kwargs, rounds):
+    runtime = runtime_for("core_aten")
+    mode = ed.EagerDecompMode("core_aten")
+    with mode, Capture() as cap:
+        op(*args, **kwargs)  # trace once
+    key, tensors = make_key(*cap.seen)
+    kernel = runtime.cache.get(key)
+    naive = Lowerer(runtime.opset, runtime.table, _call)
+
+    # each variant is a whole timed batch; modes are entered once per batch, as a program would
+    def native(n):
+        for _ in range(n):
+            op(*args, **kwargs)
+
+    def run_naive(n):
+        with naive:
+            for _ in range(n):
+                op(*args, **kwargs)
+
+    def cached(n):
+        with mode:
+            for _ in range(n):
+                op(*args, **kwargs)
+
+    def floor(n):
+        fn = kernel.fn
+        for _ in range(n):
+            fn(*tensors)
+
+    variants = {"native": native, "naive": run_naive, "cached": cached, "floor": floor}
+    iters = {k: _iters_for(f) for k, f in variants.items()}
+    samples = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, f in variants.items():
+            samples[k].append(_per_call(f, iters[k]))
+    return samples
+
+
+def ratio(a, b):
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def bench_passthrough(rounds, n=64):
+    x = torch.randn(n)
+    ours, nothing = ed.EagerDecompMode("core_aten"), DoNothing()
+
+    def via(mode):
+        def batch(n):
+            with mode:
+                for _ in range(n):
+                    aten.mul.Tensor(x, x)
+        return batch
+
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(_per_call(via(ours), 2000))
+        b.append(_per_call(via(nothing), 2000))
+    return a, b
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--sizes", default="64,1048576")
+    ap.add_argument("--json")
+    opts = ap.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # one thread: ratios are not skewed by how many cores are free
+    results = []
+    print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.rounds} rounds, 1 thread; us per call (median)")
+    head = f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'floor':>9} {'naive/cached':>13} {'cached/floor':>13}"
+    print(head)
+    print("-" * len(head))
+    for n in map(int, opts.sizes.split(",")):
+        for name, op, args, kwargs in cases(n):
+            s = bench_op(op, args, kwargs, opts.rounds)
+            med = {k: statistics.median(v) for k, v in s.items()}
+            row = dict(op=name, numel=n, **med, naive_over_cached=ratio(s["naive"], s["cached"]),
+                       cached_over_floor=ratio(s["cached"], s["floor"]))
+            results.append(row)
+            print(f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['floor']:9.1f} "
+                  f"{row['naive_over_cached']:12.2f}x {row['cached_over_floor']:12.2f}x")
+    a, b = bench_passthrough(opts.rounds)
+    pt = ratio(a, b)
+    print(f"\npass-through aten.mul.Tensor (64 elements): ours {statistics.median(a):.2f} us, "
+          f"do-nothing mode {statistics.median(b):.2f} us, ratio {pt:.2f}x")
+    for n in map(int, opts.sizes.split(",")):
+        rows = [x for x in results if x["numel"] == n]
+        print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x, "
+              f"median cached/floor {statistics.median(x['cached_over_floor'] for x in rows):.2f}x")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"rows": results, "passthrough_ratio": pt, "torch": torch.__version__}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
