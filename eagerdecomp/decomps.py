@@ -117,3 +117,45 @@ def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
     grad_q = torch.matmul(grad_s, key.to(acc)) * scale
     grad_k = torch.matmul(grad_s.transpose(-2, -1), query.to(acc)) * scale
     return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
+
+
+# NOTE: the full reductions x.max() / x.min() have no decomposition in PyTorch;
+# amax/amin over every dimension are core and return the same 0-dim tensor.
+@project_decomposition(aten.max.default)
+def max_all(self):
+    return aten.amax.default(self, list(range(self.dim())))
+
+
+@project_decomposition(aten.min.default)
+def min_all(self):
+    return aten.amin.default(self, list(range(self.dim())))
+
+
+# NOTE: the refs lower item() through prims.item, whose aten implementation calls
+# item() again: a cycle. _local_scalar_dense is core and is what item() runs.
+@project_decomposition(aten.item.default)
+def item(self):
+    return aten._local_scalar_dense.default(self)
+
+
+# NOTE: core ATen keeps select.int, so this only serves opsets without it (prims):
+# PyTorch has neither a decomposition nor a ref for it.
+@project_decomposition(aten.select.int)
+def select_int(self, dim, index):
+    dim = dim % self.dim()
+    size = self.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}")
+    index = index % size
+    sizes = [n for d, n in enumerate(self.shape) if d != dim]
+    strides = [st for d, st in enumerate(self.stride()) if d != dim]
+    offset = self.storage_offset() + index * self.stride(dim)
+    return torch.ops.prims.as_strided.default(self, sizes, strides, offset)
+
+
+# NOTE: no decomposition in PyTorch. Indexing with a boolean mask is core
+# (index.Tensor) and selects exactly the masked elements in row-major order.
+@project_decomposition(aten.masked_select.default)
+def masked_select(self, mask):
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    return aten.index.Tensor(aten.expand.default(self, shape), [aten.expand.default(mask, shape)])

@@ -81,6 +81,8 @@ def resolve_op(op: OpLike) -> list:
         return [op]
     if isinstance(op, str):
         found = _op_from_name(op.strip())
+        if found is None and "::" not in op:  # "mul.Tensor": aten is the default namespace
+            found = _op_from_name("aten::" + op.strip())
         if found is None:
             wanted = op.strip().replace(".", "::", 1) if "::" not in op else op.strip()
             close = difflib.get_close_matches(wanted, _all_op_names(), n=3, cutoff=0.75)

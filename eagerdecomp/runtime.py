@@ -12,10 +12,10 @@ import warnings
 import torch
 
 from .cache import KernelCache, Negative, cache_for
-from .errors import EagerDecompError, UnsupportedOpError
+from .errors import EagerDecompError, UnsupportedArgumentError, UnsupportedOpError
 from .key import Bypass, make_key
 from .lower import Lowerer, Stuck, is_infrastructure
-from .opset import OpSet
+from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .report import Stats
 from .table import default_table
@@ -130,10 +130,25 @@ class Runtime:
         return func(*args, **kwargs)
 
 
+def _resolve_decompositions(decompositions) -> dict:
+    """``{op or name or packet: fn}`` -> ``{OpOverload: fn}``, checked."""
+    if not hasattr(decompositions, "items"):
+        raise UnsupportedArgumentError(
+            f"decompositions must be a mapping from op to function, got {type(decompositions).__name__}"
+        )
+    out = {}
+    for op, fn in decompositions.items():
+        if not callable(fn):
+            raise UnsupportedArgumentError(f"decompositions[{op}] must be callable, got {type(fn).__name__}")
+        for overload in resolve_op(op):
+            out[overload] = fn
+    return out
+
+
 def runtime_for(opset, decompositions=None, on_unsupported: str = "error") -> Runtime:
     """A fresh runtime (own stats) over the process-wide cache of ``(opset, table)``."""
     opset = OpSet.coerce(opset)
-    extra = dict(decompositions or {})
+    extra = _resolve_decompositions(decompositions or {})
     table = default_table(opset, extra.items())
     fingerprint = (opset, frozenset(extra.items()), _table.VERSION)
     return Runtime(opset, table, cache_for(fingerprint), on_unsupported)

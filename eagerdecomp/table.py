@@ -104,6 +104,30 @@ def _prims_to_aten() -> Table:
     return {op: op.impl_aten for op in _all_overloads("prims") if getattr(op, "impl_aten", None) is not None}
 
 
+def _refs_by_name() -> Table:
+    """aten overload -> ``torch._refs`` function of the same name, for prims targets.
+
+    NOTE: many refs (select, narrow, ...) are not registered in torch._decomp's
+    table; TorchRefsMode finds them by name, and so do we. Each trace is still
+    checked against the op's meta kernel, so a mismatched ref errors, never lies.
+    """
+    import torch._refs as refs
+    import torch._refs.nn.functional as refs_nn
+    import torch._refs.special as refs_special
+
+    table: Table = {}
+    for op in _all_aten_overloads():
+        name = op._schema.name.split("::")[-1]
+        if torch.Tag.out in op.tags or name.startswith("_"):
+            continue
+        for ns in (refs, refs_nn, refs_special):
+            fn = getattr(ns, name, None)
+            if callable(fn):
+                table[op] = fn
+                break
+    return table
+
+
 def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
     import torch._decomp as d
@@ -111,7 +135,8 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     from . import decomps  # noqa: F401  (registers the project fills)
 
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
-    table: Table = dict(d.decomposition_table)
+    table: Table = {} if prefers_aten else _refs_by_name()
+    table.update(d.decomposition_table)
     if prefers_aten:
         # NOTE: refs express in-place/out= ops and many others with prims, which run in
         # Python in eager; aten-based rules win, and prims left over lower through impl_aten.

@@ -38,6 +38,7 @@ from .errors import DeviceMismatchError, MismatchError, TraceError, UnsupportedO
 from .key import Bypass
 from .lower import _IDENTITY, Lowerer, Stuck
 from .replay import Kernel
+from .variants import ResizeOutputWarning
 
 __all__ = ["trace", "swap_tensors"]
 
@@ -216,6 +217,13 @@ def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
     return nodes
 
 
+def _replayed(w) -> bool:
+    # NOTE: only the warning eager raises on every call (an out= tensor resized: ours, or
+    # torch's out_wrapper's) is replayed; anything else raised while tracing, such as
+    # deprecations inside torch's decompositions, is an artifact of tracing and dropped.
+    return issubclass(w.category, ResizeOutputWarning) or "was resized since it had shape" in str(w.message)
+
+
 def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table) -> Kernel:
     """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel`.
 
@@ -258,5 +266,5 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table) -> Kerne
         nodes = _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
         emitter.graph.output(nodes)
         module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
-    caught = [(str(w.message), w.category) for w in caught]
+    caught = [(str(w.message), w.category) for w in caught if _replayed(w)]
     return Kernel(func, module, spec, caught, fixups)

@@ -14,7 +14,27 @@ import warnings
 
 import torch
 
-__all__ = ["functional_variant", "variant_table"]
+__all__ = ["functional_variant", "variant_table", "ResizeOutputWarning", "with_defaults"]
+
+
+class ResizeOutputWarning(UserWarning):
+    """Eager warns on every call that resizes a non-empty out= tensor; kernels replay it."""
+
+
+def with_defaults(op, args, kwargs):
+    """Fill the defaults the dispatcher stripped from a call of ``op``.
+
+    The functional variant may have no default where the in-place op has one
+    (``bernoulli_.float(p=0.5)`` vs ``bernoulli.p(p)``).
+    """
+    args, kwargs = list(args), dict(kwargs)
+    for i, a in enumerate(op._schema.arguments):
+        if a.kwarg_only:
+            if a.name not in kwargs and a.has_default_value() and not (a.alias_info and a.alias_info.is_write):
+                kwargs[a.name] = a.default_value
+        elif i >= len(args) and a.name not in kwargs and a.has_default_value():
+            args.append(a.default_value)
+    return args, kwargs
 
 
 def _arg_types(op, skip_out: bool):
@@ -54,7 +74,8 @@ def _check_cast(op, result, dest) -> None:
 
 
 def _inplace(op, functional, self, *args, **kwargs):
-    result = functional(self, *args, **kwargs)
+    args, kwargs = with_defaults(op, (self, *args), kwargs)
+    result = functional(*args, **kwargs)
     _check_cast(op, result, self)
     if result.shape != self.shape:
         raise RuntimeError(
@@ -71,7 +92,7 @@ def _resize_out(out, shape) -> None:
             f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
             f"which does not match the required output shape {list(shape)}. Resizing non-empty outputs "
             "is deprecated; resize them to zero elements first with t.resize_(0).",
-            UserWarning,
+            ResizeOutputWarning,
             stacklevel=2,
         )
     out.resize_(shape)
@@ -79,6 +100,7 @@ def _resize_out(out, shape) -> None:
 
 def _out(op, functional, *args, **kwargs):
     outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+    args, kwargs = with_defaults(op, args, kwargs)
     result = functional(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
     if len(results) != len(outs):
