@@ -3,10 +3,26 @@
 import pytest
 import torch
 
-from eagerdecomp.key import Bypass, Key, make_key
+from eagerdecomp import key as keymod
+from eagerdecomp.key import Bypass, Key
 
 aten = torch.ops.aten
 add = aten.add.Tensor
+
+# every test runs against the pure-Python builder and, when built, the C++ one
+BUILDERS = {"python": keymod.make_key_py}
+if keymod.IMPLEMENTATION == "c++":
+    BUILDERS["c++"] = keymod.make_key
+
+
+@pytest.fixture(autouse=True, params=sorted(BUILDERS))
+def builder(request, monkeypatch):
+    monkeypatch.setattr(keymod, "make_key", BUILDERS[request.param])
+    return BUILDERS[request.param]
+
+
+def make_key(func, args, kwargs):
+    return keymod.make_key(func, args, kwargs)
 
 
 def key(*args, op=add, **kwargs):
@@ -133,6 +149,10 @@ def test_tensors_are_returned_in_order():
 def test_key_hash_is_computed_once():
     k = key(torch.ones(3))
     assert isinstance(k, Key) and k._hash == hash(k.parts)
+
+
+def test_builder_in_use_is_reported():
+    assert keymod.IMPLEMENTATION in ("c++", "python")
 
 
 @pytest.mark.parametrize(
