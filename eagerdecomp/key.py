@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import torch
 
+from .lift import Lifted
+
 __all__ = ["Key", "Bypass", "make_key", "make_key_py", "IMPLEMENTATION"]
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _strided = torch.strided
 
-# Argument types that are hashable and compare by value.
-_PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+# Argument types that are hashable and compare by value (Lifted: a float's value class).
+_PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format, Lifted})
 
 
 class Bypass(Exception):
@@ -136,7 +138,7 @@ def _load_native():
     lib = _ext.load()
     if lib is None or not hasattr(lib, "make_key"):
         return None
-    lib._init_key(Bypass)
+    lib._init_key(Bypass, (Lifted,))
     native = lib.make_key
 
     def make_key_native(func, args: tuple, kwargs: dict):

@@ -27,6 +27,8 @@ class Stats:
         self.leaf_ops: dict = {}  # op -> set of opset ops its kernels call
         self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
         self.random = set()  # ops whose kernels draw random numbers
+        self.lifted = set()  # ops replayed with float arguments as kernel inputs
+        self.by_value = set()  # ops whose float arguments had to be keyed by value
 
     def record_kernel(self, kernel) -> None:
         """Note what ``kernel`` runs (on each trace, and on the first hit of an op)."""
@@ -57,6 +59,8 @@ class Stats:
                     into=sorted(str(o) for o in self.leaf_ops.get(op, ())),
                     fixups=sorted(self.fixups.get(op, ())),
                     random=op in self.random,
+                    lifted=op in self.lifted,
+                    by_value=op in self.by_value,
                 )
             )
         return Report(rows)
@@ -76,6 +80,8 @@ class OpRow:
     into: list = field(default_factory=list)
     fixups: list = field(default_factory=list)
     random: bool = False
+    lifted: bool = False
+    by_value: bool = False
 
     @property
     def calls(self) -> int:
@@ -120,6 +126,10 @@ class Report:
             notes += [f"bypass[{k}]={v}" for k, v in r.bypassed.items()]
             notes += [f"eager[{k}]={v}" for k, v in r.negative.items()]
             notes += [f"fix-up: {f}" for f in r.fixups]
+            if r.lifted:
+                notes.append("float args lifted")
+            if r.by_value:
+                notes.append("float args keyed by value")
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:

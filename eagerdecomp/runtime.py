@@ -20,7 +20,8 @@ from .replay import Kernel
 from .report import Stats
 from .table import default_table
 from . import table as _table
-from .trace import trace
+from .lift import lift_positions, split
+from .trace import LiftRefused, trace
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
@@ -54,6 +55,7 @@ class Runtime:
         self.on_unsupported = on_unsupported
         self.stats = Stats()
         self._routes: dict = {}
+        self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -77,31 +79,50 @@ class Runtime:
 
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
+        lift = self._lift.get(func)
+        if lift is None:
+            lift = self._lift[func] = lift_positions(func)
+        lifted = ()
+        key_args, key_kwargs = args, kwargs
+        if lift:
+            key_args, key_kwargs, lifted = split(lift, args, kwargs)
         try:
-            key, tensors = make_key(func, args, kwargs)
+            key, tensors = make_key(func, key_args, key_kwargs)
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
         entry = self.cache.get(key)
         if entry is None:
             stats.misses[func] += 1
-            entry = self._trace(func, args, kwargs, tensors)
+            entry = self._trace(func, args, kwargs, tensors, lifted)
             self.cache.put(key, entry)
         else:
             stats.hits[func] += 1
         if type(entry) is Kernel:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
+            if lifted:
+                stats.lifted.add(func)
+                return entry(tensors + [v for _, v in lifted])
             return entry(tensors)
+        if entry.kind == "by value":
+            # its floats change the graph: key them by value from now on, in this runtime
+            self._lift[func] = ()
+            stats.by_value.add(func)
+            return self.decompose(func, args, kwargs)
         stats.negative[func, entry.reason] += 1
         if entry.kind == "bypass":
             return self._lower_eagerly(func, args, kwargs)
         return self.unsupported(func, args, kwargs, entry.error)
 
-    def _trace(self, func, args, kwargs, tensors):
+    def _trace(self, func, args, kwargs, tensors, lifted=()):
         try:
-            kernel = trace(func, args, kwargs, tensors, self.opset, self.table)
+            kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
+        except LiftRefused as e:
+            return Negative("by value", str(e))
         except Bypass as b:
+            if lifted:  # the stand-in values, not the call, may be what failed: retry by value
+                return Negative("by value", b.reason)
             return Negative("bypass", b.reason)
         except UnsupportedOpError as e:
             return Negative("unsupported", e.reason, e)

@@ -37,10 +37,11 @@ from torch.utils._pytree import tree_flatten
 from .errors import DeviceMismatchError, MismatchError, TraceError, UnsupportedOpError
 from .key import Bypass
 from .lower import _IDENTITY, Lowerer, Stuck
+from .lift import stand_ins
 from .replay import Kernel
 from .variants import ResizeOutputWarning
 
-__all__ = ["trace", "swap_tensors"]
+__all__ = ["trace", "swap_tensors", "LiftRefused"]
 
 aten = torch.ops.aten
 
@@ -66,11 +67,17 @@ class _Emitter:
         self.graph = fx.Graph()
         self.env: dict = {}  # id(fake) -> (fake, node); the fake is kept alive so ids stay unique
         self.constants: dict = {}
+        self.scalars: dict = {}  # stand-in value of a lifted float -> its placeholder
 
     def placeholder(self, fake, i: int) -> None:
         self.env[id(fake)] = (fake, self.graph.placeholder(f"t{i}"))
 
+    def scalar_placeholder(self, value: float, i: int) -> None:
+        self.scalars[value] = self.graph.placeholder(f"s{i}")
+
     def node(self, x):
+        if type(x) is float:
+            return self.scalars.get(x, x)
         hit = self.env.get(id(x))
         if hit is not None:
             return hit[1]
@@ -92,7 +99,7 @@ class _Emitter:
         return x
 
     def _map(self, fn, x):
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, torch.Tensor) or type(x) is float:
             return fn(x)
         if type(x) is list or type(x) is tuple:
             return type(x)(self._map(fn, y) for y in x)
@@ -224,47 +231,85 @@ def _replayed(w) -> bool:
     return issubclass(w.category, ResizeOutputWarning) or "was resized since it had shape" in str(w.message)
 
 
-def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table) -> Kernel:
+def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
     """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel`.
 
-    ``tensors`` are the call's tensors in key order (:func:`~eagerdecomp.key.make_key`).
-    Raises :class:`~eagerdecomp.key.Bypass` when the call cannot be replayed and
+    ``tensors`` are the call's tensors in key order (:func:`~eagerdecomp.key.make_key`);
+    ``lifted`` the ``(position, value)`` of floats to make kernel inputs (see
+    :mod:`eagerdecomp.lift`): the kernel then takes ``(*tensors, *values)``.
+    Raises :class:`~eagerdecomp.key.Bypass` when the call cannot be replayed,
+    :class:`LiftRefused` when its lifted floats change the graph, and
     :class:`UnsupportedOpError` when it has no path to ``opset``.
     """
     _check_devices(func, tensors)
     with _disable_current_modes():  # nothing below our mode may see tracing
-        fake_mode = FakeTensorMode()
-        emitter = _Emitter(fake_mode)
-        fakes = [fake_mode.from_tensor(t) for t in tensors]
-        for i, f in enumerate(fakes):
-            emitter.placeholder(f, i)
-        it = iter(fakes)
-        fargs = swap_tensors(args, it)
-        fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
-        lowerer = Lowerer(opset, table, emitter)
-        try:
-            with warnings.catch_warnings(record=True) as caught, fake_mode:
-                warnings.simplefilter("always")
-                out = lowerer.lower(func, fargs, fkwargs)
-        except Stuck as e:
-            raise UnsupportedOpError(func, e.chain, e.reason) from None
-        except RecursionError:
-            raise UnsupportedOpError(func, lowerer.chain, "decomposition recursed past Python's limit") from None
-        except DataDependentOutputException:
-            raise Bypass("needs a data value") from None
-        except DynamicOutputShapeException:
-            raise Bypass("dynamic output shape") from None
-        except (MismatchError, TraceError):
-            raise
-        except Exception as e:  # noqa: BLE001
-            # fake tensors cannot run it (or the call is invalid): decompose eagerly instead,
-            # where a genuine argument error surfaces exactly as the decomposition raises it
-            raise Bypass(f"trace failed: {type(e).__name__}") from e
-        flat_out, spec = tree_flatten(out)
-        fixups: list = []
         ref = _reference(func, args, kwargs)
-        nodes = _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
-        emitter.graph.output(nodes)
-        module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
+        if not lifted:
+            return _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
+        kernels = []
+        for which in (0, 1):
+            values = stand_ins(lifted, which)
+            a, k = list(args), dict(kwargs)
+            for (pos, _), v in zip(lifted, values):
+                if type(pos) is int:
+                    a[pos] = v
+                else:
+                    k[pos] = v
+            kernels.append(_trace_once(func, tuple(a), k, tensors, opset, table, ref, values))
+        if not _same_kernel(*kernels):
+            raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
+        return kernels[0]
+
+
+class LiftRefused(Exception):
+    """Two stand-in values of a lifted float traced different graphs: key by value instead."""
+
+
+def _same_kernel(a: Kernel, b: Kernel) -> bool:
+    consts_a, consts_b = a.module._constants, b.module._constants
+    return (
+        a.module.code == b.module.code
+        and a.warnings == b.warnings
+        and consts_a.keys() == consts_b.keys()
+        and all(consts_a[n].dtype == consts_b[n].dtype and torch.equal(consts_a[n], consts_b[n]) for n in consts_a)
+    )
+
+
+def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kernel:
+    fake_mode = FakeTensorMode()
+    emitter = _Emitter(fake_mode)
+    fakes = [fake_mode.from_tensor(t) for t in tensors]
+    for i, f in enumerate(fakes):
+        emitter.placeholder(f, i)
+    for i, v in enumerate(scalars):
+        emitter.scalar_placeholder(v, i)
+    it = iter(fakes)
+    fargs = swap_tensors(args, it)
+    fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
+    lowerer = Lowerer(opset, table, emitter)
+    try:
+        with warnings.catch_warnings(record=True) as caught, fake_mode:
+            warnings.simplefilter("always")
+            out = lowerer.lower(func, fargs, fkwargs)
+    except Stuck as e:
+        raise UnsupportedOpError(func, e.chain, e.reason) from None
+    except RecursionError:
+        raise UnsupportedOpError(func, lowerer.chain, "decomposition recursed past Python's limit") from None
+    except DataDependentOutputException:
+        raise Bypass("needs a data value") from None
+    except DynamicOutputShapeException:
+        raise Bypass("dynamic output shape") from None
+    except (MismatchError, TraceError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        # fake tensors cannot run it (or the call is invalid): decompose eagerly instead,
+        # where a genuine argument error surfaces exactly as the decomposition raises it
+        raise Bypass(f"trace failed: {type(e).__name__}") from e
+    flat_out, spec = tree_flatten(out)
+    fixups: list = []
+    nodes = _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
+    emitter.graph.output(nodes)
+    module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
+    module._constants = emitter.constants
     caught = [(str(w.message), w.category) for w in caught if _replayed(w)]
     return Kernel(func, module, spec, caught, fixups)
