@@ -13,16 +13,8 @@ Example::
 """
 
 from .cache import cache_clear, cache_info
-from .errors import (
-    BackendError,
-    DeviceMismatchError,
-    EagerDecompError,
-    MismatchError,
-    TraceError,
-    UnknownOpError,
-    UnsupportedArgumentError,
-    UnsupportedOpError,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403  (the error classes; listed in errors.__all__)
 from .mode import EagerDecompMode
 from .opset import PRESETS, OpSet
 from .table import register_decomposition
@@ -36,12 +28,5 @@ __all__ = [
     "register_decomposition",
     "cache_info",
     "cache_clear",
-    "EagerDecompError",
-    "UnknownOpError",
-    "UnsupportedOpError",
-    "UnsupportedArgumentError",
-    "DeviceMismatchError",
-    "TraceError",
-    "MismatchError",
-    "BackendError",
+    *errors.__all__,
 ]
