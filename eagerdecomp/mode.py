@@ -60,6 +60,15 @@ class EagerDecompMode(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         return self._dispatch(func, args, kwargs or {})
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # NOTE: a mode returning False here (TorchDispatchMode's default) makes dynamo skip
+        # every frame while it is active, so torch.compile would silently run eagerly. True
+        # lets dynamo compile with the mode switched off; the compiled artifact then runs
+        # with it on again, so ops a compiled graph still holds outside the opset (any
+        # backend other than eagerdecomp's) are decomposed here, as are graph breaks.
+        return True
+
     def report(self):
         """Per-op :class:`~eagerdecomp.report.Report` of everything this mode saw."""
         return self.runtime.stats.report()
