@@ -33,7 +33,7 @@ def _extension():
     sources = sorted(glob.glob("csrc/*.cpp"))
     if not sources:
         return {}
-    ext = CppExtension("eagerdecomp._C", sources, extra_compile_args=["-O2", "-std=c++17"])
+    ext = CppExtension("eagerdecomp._C", sources, extra_compile_args=["-O2"])
     return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuild}}
 
 

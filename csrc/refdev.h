@@ -1,0 +1,21 @@
+// The reference device "edref": a strict PrivateUse1 backend over host memory.
+// See refdev.cpp for why each piece exists.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace eagerdecomp::refdev {
+
+// Install the allocator, device guard and hooks (once per process), then give each op
+// in `ops` ("aten::add.Tensor") a PrivateUse1 kernel that forwards to the CPU kernel.
+void register_device(const std::vector<std::string>& ops);
+
+// Op names (overload included) that ran on the device since the last clear, with counts.
+std::map<std::string, int64_t> op_log();
+void op_log_clear();
+void set_logging(bool on);
+
+}  // namespace eagerdecomp::refdev
