@@ -86,7 +86,7 @@ def resolve_op(op: OpLike) -> list:
         if found is None:
             wanted = op.strip().replace(".", "::", 1) if "::" not in op else op.strip()
             close = difflib.get_close_matches(wanted, _all_op_names(), n=3, cutoff=0.75)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = f"; did you mean {', '.join(close)}?" if close else "."
             raise UnknownOpError(
                 f"unknown op name {op!r}: no registered operator has that name{hint} "
                 "Names look like 'aten::add.Tensor', 'aten.add.Tensor' or a packet 'aten::add'."

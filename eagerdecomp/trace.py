@@ -132,10 +132,27 @@ def _check_devices(func, tensors) -> None:
         )
 
 
+class _Ref:
+    """Eager's output metadata for one call: the op's own meta kernel run on fresh fakes."""
+
+    __slots__ = ("outs", "shares")
+
+    def __init__(self, outs, inputs):
+        self.outs = outs
+        storages = {_storage(t) for t in inputs}
+        # NOTE: whether an output shares memory with an input is read from the meta kernel,
+        # not the schema: unsafe_split/unsafe_chunk return views with no alias annotation.
+        self.shares = [isinstance(o, torch.Tensor) and _storage(o) in storages for o in outs]
+
+    def out(self, i):
+        return self.outs[i] if i < len(self.outs) else None
+
+
 def _reference(func, args, kwargs):
-    """The op's own output metadata, from its meta kernel on fresh fakes; None if it has none."""
+    """A :class:`_Ref` for this call; None if the op has no meta kernel."""
     mode = FakeTensorMode()
-    it = iter([mode.from_tensor(t) for t in _flat_tensors(args, kwargs)])
+    fakes = [mode.from_tensor(t) for t in _flat_tensors(args, kwargs)]
+    it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     try:
@@ -144,7 +161,7 @@ def _reference(func, args, kwargs):
             out = func(*fargs, **fkwargs)
     except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
         return None
-    return tree_flatten(out)[0]
+    return _Ref(tree_flatten(out)[0], fakes)
 
 
 def _flat_tensors(args, kwargs) -> list:
@@ -184,6 +201,10 @@ def _arg_by_name(schema, args, kwargs, name):
     return None
 
 
+def _same_view(r, o) -> bool:
+    return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or check_significant_strides(r, o, only_cuda=False)[0])
+
+
 def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
     """Check outputs against eager's metadata and aliasing; return the graph's output nodes."""
     g, schema = emitter.graph, func._schema
@@ -195,7 +216,8 @@ def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
             nodes.append(o)
             continue
         node = emitter.node(o)
-        r = ref[i] if ref is not None and i < len(ref) else None
+        r = ref.out(i) if ref is not None else None
+        eager_shares = ref is not None and i < len(ref.shares) and ref.shares[i]
         if isinstance(r, torch.Tensor) and (r.dtype, r.shape, r.device) != (o.dtype, o.shape, o.device):
             raise MismatchError(
                 f"{func}: output {i} of its decomposition is {o.dtype}{list(o.shape)} on {o.device}, "
@@ -214,7 +236,16 @@ def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
                 elif _storage(o) != _storage(src):
                     raise MismatchError(f"{func}: its decomposition returns a copy where eager returns a view of {name!r}")
         elif _storage(o) in in_storages:
-            node, _ = g.call_function(aten.clone.default, (node,)), fixups.append("clone")
+            if not eager_shares:
+                node, _ = g.call_function(aten.clone.default, (node,)), fixups.append("clone")
+            elif isinstance(r, torch.Tensor) and not _same_view(r, o):
+                raise MismatchError(
+                    f"{func}: output {i} of its decomposition is a view with strides {o.stride()} at offset "
+                    f"{o.storage_offset()}, eager's has {r.stride()} at {r.storage_offset()}; register a correct "
+                    "decomposition or add the op to the opset"
+                )
+        elif eager_shares:
+            raise MismatchError(f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input")
         elif isinstance(r, torch.Tensor) and o.numel() > 1 and not check_significant_strides(r, o, only_cuda=False)[0]:
             fresh = g.call_function(
                 aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device}

@@ -103,12 +103,16 @@ def _out(op, functional, *args, **kwargs):
     args, kwargs = with_defaults(op, args, kwargs)
     result = functional(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
-    if len(results) != len(outs):
+    # a Tensor[] out (unbind_copy.int_out) receives the functional op's whole list
+    dests = outs[0] if len(outs) == 1 and isinstance(outs[0], (list, tuple)) else outs
+    if len(results) != len(dests):
         return NotImplemented
-    for res, out in zip(results, outs):
+    for res, out in zip(results, dests):
         _check_cast(op, res, out)
         _resize_out(out, res.shape)
         out.copy_(res)
+    if not op._schema.returns:
+        return None
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
