@@ -196,12 +196,13 @@ def compile_backend(
 
     Example::
 
-        >>> import torch, eagerdecomp as ed
-        >>> backend = ed.compile_backend("core_aten")
+        >>> import torch
+        >>> from eagerdecomp.compile import compile_backend
+        >>> backend = compile_backend("core_aten")
         >>> f = torch.compile(lambda x: torch.nn.functional.silu(x).sum(), backend=backend)
         >>> _ = f(torch.randn(4))
         >>> sorted(str(op) for op in backend.ops())
-        ['aten.mul.Tensor', 'aten.sigmoid.default', 'aten.sum.default']
+        ['aten.mul.Tensor', 'aten.sigmoid.default', 'aten.sum.dim_IntList']
     """
     return EagerDecompBackend(opset, compiler, decompositions)
 

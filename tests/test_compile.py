@@ -232,6 +232,27 @@ def test_recompile_and_mode_cache_coexist():
     assert backend.outside_opset() == []
 
 
+@pytest.mark.parametrize("backend_name", ["aot_eager", "eagerdecomp-core-under-prims"])
+def test_mode_still_guards_graphs_of_another_opset(backend_name):
+    # With ignore_compile_internals the mode is off only while dynamo compiles: a compiled graph
+    # that still holds ops outside the mode's opset (aot_eager keeps silu; a core_aten backend
+    # under a prims mode keeps core ops) meets the mode when it runs and is decomposed there.
+    if backend_name == "aot_eager":
+        backend, opset, leftover = "aot_eager", "core_aten", aten.silu.default
+    else:
+        backend, opset, leftover = compile_backend("core_aten"), "prims", aten.sigmoid.default
+    x = torch.randn(4, 6, requires_grad=True)
+    with Witness() as rec, ed.EagerDecompMode(opset) as mode:
+        out = torch.compile(lambda t: F.silu(t).sum(), backend=backend)(x)
+        out.backward()
+    grad = x.grad
+    x.grad = None
+    F.silu(x).sum().backward()
+    assert_same(grad, x.grad)
+    assert mode.report().row(leftover).route == "decomposed"
+    rec.assert_only(opset)
+
+
 def test_user_compiler_gets_lowered_graphs_outside_every_mode():
     seen = []
 
