@@ -18,11 +18,23 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import _disable_current_modes
 
 import eagerdecomp as ed
+from eagerdecomp import backend as device_switch
 from eagerdecomp.compile import compile_backend
+from eagerdecomp.errors import BackendError
 from eagerdecomp.testing import RecordingMode
 
 F = torch.nn.functional
 aten = torch.ops.aten
+
+# NOTE: the reference device must be registered before the first backward() of the process:
+# the autograd engine sizes its per-device queues then (a later device trips an internal assert).
+# Collection imports this module before any test runs, so load it here.
+try:
+    from eagerdecomp.refdev import reference_device
+
+    REF_DEV, REF_DEV_ERROR = reference_device(), None
+except BackendError as e:  # no C++ compiler here: every other test still runs
+    REF_DEV, REF_DEV_ERROR = None, str(e)
 
 
 class Witness(RecordingMode):
@@ -370,3 +382,44 @@ def test_registered_name_after_import():
         "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.compile:backend\"); "
         "if it is declared, reinstall the package (make install). stderr:\n" + proc.stderr[-3000:]
     )
+
+
+def test_training_on_the_reference_device_with_the_switch():
+    # No mode at all: the device switch decomposes the eager regions, the backend lowers the
+    # graphs into exactly the ops the device has kernels for.
+    from eagerdecomp import refdev
+
+    if REF_DEV is None:
+        pytest.skip(f"reference device unavailable: {REF_DEV_ERROR}")
+    dev = REF_DEV
+    device_switch.disable(dev)
+    switch = device_switch.enable(dev)
+    try:
+        torch.manual_seed(0)
+        native = TinyNet()
+        model = copy.deepcopy(native).to(dev)
+        xs, ys = [torch.randn(6, 8)], [torch.randint(0, 4, (6,))]
+        backend = compile_backend(switch.runtime.opset)
+        with refdev.op_log() as ran:
+            losses = train_steps(model, [x.to(dev) for x in xs], [y.to(dev) for y in ys], torch.compile(model, backend=backend))
+        report = switch.report()
+    finally:
+        device_switch.disable(dev)
+    expected = train_steps(native, xs, ys)
+
+    for a, b in zip(losses, expected):
+        assert a.device.type == dev.type
+        assert_same(a.cpu(), b)
+    for p, q in zip(model.parameters(), native.parameters()):
+        assert_same(p.detach().cpu(), q.detach())
+        assert_same(p.grad.cpu(), q.grad)
+    kinds = graph_kinds(backend)
+    assert kinds.count("forward") >= 3 and kinds.count("backward") >= 3, kinds
+    assert backend.outside_opset() == []
+    compiled_ops = {str(op) for op in backend.ops()}
+    # the compiled graphs ran on the device's own kernels, none through the switch ...
+    assert {op.removeprefix("aten.").removesuffix(".default") for op in compiled_ops} <= set(ran)
+    assert not compiled_ops & {row.op for row in report.rows}
+    # ... while the eager regions (the disabled tail, its backward, AdamW) went through it
+    decomposed = {row.op for row in report.decomposed}
+    assert {"aten.hardswish.default", "aten.hardswish_backward.default"} <= decomposed, decomposed
