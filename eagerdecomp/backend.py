@@ -48,8 +48,10 @@ DISPATCH_KEYS = {
     "privateuseone": "PrivateUse1",
 }
 
-# Composite kernels run for every backend key: an op that has one is runnable on any device.
-_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd")
+# Composite kernels run for every backend key: an op with one runs on any device.
+# NOTE: not CompositeExplicitAutogradNonFunctional: for structured ops it calls the op's
+# out= variant, which a device lacking the op lacks too (silu on a device runs silu.out).
+_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
 
 
 @dataclass
@@ -115,6 +117,12 @@ def _runnable(op, key: str) -> bool:
     return has(op.name(), key) or any(has(op.name(), k) for k in _COMPOSITE_KEYS)
 
 
+# Fallback calls nested in one thread (a composite kernel run by a replayed kernel may meet
+# the fallback again); past this depth it is a cycle between the opset and the device.
+MAX_NESTING = 32
+_tls = threading.local()
+
+
 def _fallback_for(runtime: Runtime, device_type: str):
     ops = runtime.ops
 
@@ -126,7 +134,21 @@ def _fallback_for(runtime: Runtime, device_type: str):
                 f"{op}: in the target opset but {device_type!r} has no kernel for it; expected every "
                 "opset op to run on the device. Register its kernel or leave it out of the opset."
             )
-        return runtime(op, args, kwargs)
+        stack = getattr(_tls, "stack", None)
+        if stack is None:
+            stack = _tls.stack = []
+        if len(stack) >= MAX_NESTING:
+            chain = " -> ".join(map(str, stack[-6:] + [op]))
+            raise BackendError(
+                f"{op}: the device switch for {device_type!r} re-entered itself {MAX_NESTING} times (... {chain}); "
+                "expected decompositions to reach the device's kernels. An opset op's composite kernel "
+                "probably calls an op whose decomposition calls it back: leave that op out of the opset."
+            )
+        stack.append(op)
+        try:
+            return runtime(op, args, kwargs)
+        finally:
+            stack.pop()
 
     return fallback
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["TransformerBlock", "SmallCNN", "train_step", "main"]
+__all__ = ["TransformerBlock", "SmallCNN", "train_step", "main", "device_main"]
 
 
 class TransformerBlock(nn.Module):
@@ -144,6 +144,63 @@ def main(steps: int = 6) -> None:
           f"steady state {steady * 1e3:.1f} ms ({steady / nat:.1f}x native)")
     print("  (AdamW's step size changes every step and scalars are keyed by value, so its in-place")
     print("   updates trace a kernel per parameter shape per step: see README, known limits)")
+    device_main(steps)
+
+
+def device_main(steps: int = 6) -> None:
+    """The device path: the same model on edref, a strict core-ATen-only device, with
+    and without ``eagerdecomp.backend.enable`` (no context manager in the training code)."""
+    from eagerdecomp import backend
+    from eagerdecomp.errors import BackendError
+    from eagerdecomp.refdev import device_ops, op_log, reference_device
+
+    print("\n--- a new device: edref, host memory, kernels for core ATen + runtime ops only ---")
+    t0 = time.perf_counter()
+    try:
+        dev = reference_device()
+    except BackendError as e:
+        print(f"  skipped: {e}")
+        return
+    print(f"  reference_device() -> {dev} ({len(device_ops())} ops with kernels; loaded in {time.perf_counter() - t0:.1f} s)")
+    backend.disable(dev)
+    torch.manual_seed(0)
+    native = TransformerBlock(dropout=0.0)
+    on_dev = copy.deepcopy(native).to(dev)
+    x, y = TransformerBlock.batch()
+    try:
+        train_step(on_dev, torch.optim.AdamW(on_dev.parameters(), lr=1e-3), x.to(dev), y.to(dev))
+        print("  without eagerdecomp: trained?! (the device should have rejected a non-core op)")
+    except NotImplementedError as e:
+        print(f"  without eagerdecomp: NotImplementedError: {str(e).split('. This could be')[0]}")
+
+    # same starting state on both sides; the device's first step traces, later steps replay
+    on_dev = copy.deepcopy(native).to(dev)
+    opt_n = torch.optim.AdamW(native.parameters(), lr=1e-3)
+    opt_d = torch.optim.AdamW(on_dev.parameters(), lr=1e-3)
+    b = backend.enable(dev)
+    times_n, times_d, worst = [], [], 0.0
+    try:
+        with op_log() as ran:
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                ln, lossn, gn = train_step(native, opt_n, x, y)
+                t1 = time.perf_counter()
+                ld, lossd, gd = train_step(on_dev, opt_d, x.to(dev), y.to(dev))
+                times_n.append(t1 - t0)
+                times_d.append(time.perf_counter() - t1)
+                worst = max(worst, _max_diff([ln], [ld.cpu()]), _max_diff(gn, [g.cpu() for g in gd]))
+    finally:
+        backend.disable(dev)
+    rep = b.report()
+    print(f"  with ed.backend.enable('{dev.type}'): {steps} steps, last loss {lossd.item():.6f} vs CPU {lossn.item():.6f}; "
+          f"max |diff| logits/gradients {worst:.1e}, parameters {_max_param_diff(native, on_dev.cpu(), gn):.1e}")
+    outside = sorted(set(ran) - {n.removeprefix("aten::") for n in device_ops().names()})
+    print(f"  the device ran {sum(ran.values())} kernels of {len(ran)} distinct ops, all its own: {not outside}; "
+          f"{len(rep.decomposed)} ops it lacks were decomposed, e.g. "
+          + ", ".join(r.op.removeprefix("aten.") for r in rep.decomposed[:4]))
+    steady_d, nat = _median(times_d[1:]), _median(times_n)
+    print(f"  time per step: CPU native {nat * 1e3:.1f} ms | edref first step {times_d[0] * 1e3:.0f} ms (tracing) | "
+          f"steady state {steady_d * 1e3:.1f} ms ({steady_d / nat:.1f}x CPU native)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""``python -m eagerdecomp.info``: what was built, what is loaded, and against which torch.
+
+Example::
+
+    >>> from eagerdecomp.info import collect
+    >>> "torch" in collect()
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+__all__ = ["collect", "main"]
+
+
+def collect() -> dict:
+    """The facts ``main`` prints, as a dict (never triggers a build)."""
+    import eagerdecomp as ed
+
+    from . import _ext, backend, key, refdev
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _ext.ExtensionWarning)  # reported below instead
+        lib = _ext.load()
+    st = _ext.status()
+    cache = _ext.cache_dir() if _ext.sources() else None
+    return {
+        "eagerdecomp": f"{ed.__version__} ({os.path.dirname(ed.__file__)})",
+        "torch": f"{torch.__version__} ({os.path.dirname(torch.__file__)})",
+        "C++ library": st["loaded"] + (f" ({st['path']})" if st["path"] else ""),
+        "built against torch": getattr(lib, "BUILT_WITH_TORCH", None) if lib is not None else None,
+        "why not loaded": st["error"] if lib is None and st["loaded"] != "disabled" else None,
+        "EAGERDECOMP_NO_EXT": os.environ.get("EAGERDECOMP_NO_EXT") or "unset",
+        "C++ sources": f"{len(_ext.sources())} file(s) under csrc/" if _ext.sources() else "none (installed from a wheel)",
+        "just-in-time build cache": (f"{cache} ({'built' if cache and os.path.isdir(cache) and any(f.endswith('.so') for f in os.listdir(cache)) else 'empty'})"
+                                     if cache else None),
+        "cache key builder": key.IMPLEMENTATION,
+        "reference device": f"{refdev.DEVICE_NAME} loaded" if refdev.is_loaded() else "not loaded (reference_device() loads it)",
+        "PrivateUse1 backend name": torch._C._get_privateuse1_backend_name(),
+        "device switch enabled for": ", ".join(backend.enabled()) or "none",
+        "EAGERDECOMP_BACKENDS": os.environ.get("EAGERDECOMP_BACKENDS") or "unset",
+    }
+
+
+def main() -> None:
+    for k, v in collect().items():
+        if v is not None:
+            print(f"{k:26} {v}")
+
+
+if __name__ == "__main__":
+    main()

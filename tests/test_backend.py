@@ -1,0 +1,349 @@
+"""The device switch on the strict reference device edref (eagerdecomp.backend, eagerdecomp.refdev).
+
+edref has kernels for core ATen + runtime ops only, each running the CPU kernel on
+the same memory, so every result is compared with the same call on CPU. The device's
+own op log (``op_log``) witnesses what ran on it.
+"""
+
+import copy
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eagerdecomp as ed
+from eagerdecomp import backend
+from eagerdecomp.demo import SmallCNN, TransformerBlock, _max_param_diff, train_step
+from eagerdecomp.errors import BackendError, UnsupportedOpError
+
+refdev = pytest.importorskip("eagerdecomp.refdev")
+
+try:
+    DEV = refdev.reference_device()
+except BackendError as e:  # no compiler here: the rest of the suite still runs
+    pytest.skip(f"reference device unavailable: {e}", allow_module_level=True)
+
+DEVICE_OPS = refdev.device_ops()
+DEVICE_OP_NAMES = {n.removeprefix("aten::") for n in DEVICE_OPS.names()}
+
+
+@pytest.fixture
+def enabled():
+    backend.disable(DEV)
+    b = backend.enable(DEV)
+    yield b
+    backend.disable(DEV)
+
+
+@pytest.fixture
+def disabled():
+    backend.disable(DEV)
+    yield
+
+
+def assert_same(cpu, dev):
+    """Same values, dtype, shape, strides and storage offset as the CPU result."""
+    assert dev.device.type == DEV.type
+    assert (dev.dtype, dev.shape, dev.stride(), dev.storage_offset()) == (
+        cpu.dtype, cpu.shape, cpu.stride(), cpu.storage_offset()
+    )
+    torch.testing.assert_close(dev.cpu(), cpu, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def same_storage(a, b) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+# -- strictness --------------------------------------------------------------------------
+
+
+def test_device_is_strict_without_eagerdecomp(disabled):
+    x = torch.randn(4, 4, device=DEV)
+    with pytest.raises(NotImplementedError, match=r"Could not run 'aten::silu\.out' with arguments from the 'edref' backend"):
+        F.silu(x)
+    # a core op runs, on the device's own kernel
+    with refdev.op_log() as ran:
+        torch.testing.assert_close(torch.sigmoid(x).cpu(), torch.sigmoid(x.cpu()))
+    assert ran["sigmoid"] == 1
+
+
+def test_demo_model_fails_without_eagerdecomp(disabled):
+    model = TransformerBlock(dropout=0.0).to(DEV)
+    x, y = TransformerBlock.batch(device=DEV)
+    with pytest.raises(NotImplementedError, match=r"Could not run 'aten::\S+' with arguments from the 'edref' backend"):
+        F.cross_entropy(model(x), y).backward()
+
+
+def test_device_has_kernels_for_exactly_its_opset(disabled):
+    # (torch itself registers c10d:: collectives for PrivateUse1)
+    assert ed.OpSet(op for op in backend.device_opset(DEV) if op.namespace == "aten") == DEVICE_OPS
+    core = ed.OpSet.preset("core_aten")
+    assert torch.ops.aten.silu.default not in DEVICE_OPS and torch.ops.aten.mm.default in DEVICE_OPS
+    assert len(DEVICE_OPS - core) == len(refdev.DEVICE_RUNTIME_OPS)  # runtime ops: the only extras
+
+
+# -- training ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: TransformerBlock(dropout=0.0), SmallCNN], ids=["transformer", "cnn"])
+def test_training_matches_cpu(enabled, make):
+    torch.manual_seed(0)
+    native = make()
+    ours = copy.deepcopy(native).to(DEV)
+    opt_n = torch.optim.AdamW(native.parameters(), lr=1e-3)
+    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-3)
+    x, y = type(native).batch()
+    with refdev.op_log() as ran:
+        for _ in range(3):
+            ln, lossn, gn = train_step(native, opt_n, x, y)
+            lo, losso, go = train_step(ours, opt_o, x.to(DEV), y.to(DEV))
+            assert lo.device.type == DEV.type and all(g.device.type == DEV.type for g in go)
+            torch.testing.assert_close(lo.cpu(), ln, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(losso.cpu(), lossn, rtol=1e-5, atol=1e-6)
+            for a, b in zip(go, gn):
+                torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-6)
+    assert _max_param_diff(native, ours.cpu(), gn) < 1e-5
+    # the witness: only the device's own ops ran on it, and decomposed ops did reach it
+    assert set(ran) <= DEVICE_OP_NAMES, set(ran) - DEVICE_OP_NAMES
+    report = enabled.report()
+    assert report.decomposed and not report.by_route("unsupported")
+    assert any("backward" in r.op for r in report.decomposed)  # autograd's ops took the same path
+
+
+def test_silu_decomposes_onto_device_kernels(enabled):
+    x = torch.randn(5, 7)
+    with refdev.op_log() as ran:
+        out = F.silu(x.to(DEV))
+    assert_same(F.silu(x), out)
+    assert "sigmoid" in ran and "mul.Tensor" in ran and not any("silu" in k for k in ran)
+
+
+def test_dropout_follows_the_global_seed(enabled):
+    x = torch.ones(64, 64, device=DEV)
+    torch.manual_seed(3)
+    a = F.dropout(x, 0.5).cpu()
+    torch.manual_seed(3)
+    b = F.dropout(x, 0.5).cpu()
+    c = F.dropout(x, 0.5).cpu()
+    assert torch.equal(a, b) and not torch.equal(b, c)
+    assert set(a.unique().tolist()) == {0.0, 2.0}
+
+
+# -- eager semantics: in-place, out=, views -------------------------------------------------------
+
+
+INPLACE = {
+    "add_": lambda t: t.add_(torch.ones_like(t), alpha=2),
+    "mul_": lambda t: t.mul_(3.0),
+    "clamp_": lambda t: t.clamp_(-0.5, 0.5),
+    "addcmul_": lambda t: t.addcmul_(t, t, value=0.5),
+    "masked_fill_": lambda t: t.masked_fill_(t > 0, 1.5),
+    "zero_": lambda t: t.zero_(),
+    "transposed view add_": lambda t: t.t().add_(1.0),
+}
+
+
+@pytest.mark.parametrize("name", INPLACE)
+def test_inplace_returns_the_same_object(enabled, name):
+    fn = INPLACE[name]
+    x = torch.randn(4, 4)
+    d = x.to(DEV)
+    rc, rd = fn(x), fn(d)
+    assert_same(rc, rd)
+    assert_same(x, d)  # the base saw the write
+    assert same_storage(rd, d)
+
+
+def test_out_returns_the_caller_tensor_and_resizes_like_cpu(enabled):
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    for out_c, out_d in [(torch.empty(3, 4), torch.empty(3, 4, device=DEV)), (torch.empty(0), torch.empty(0, device=DEV))]:
+        rc = torch.addcmul(a, a, b, value=2.0, out=out_c)
+        rd = torch.addcmul(a.to(DEV), a.to(DEV), b.to(DEV), value=2.0, out=out_d)
+        assert rd is out_d and rc is out_c
+        assert_same(out_c, out_d)
+
+
+VIEWS = {
+    "t": lambda t: t.t(),
+    "transpose": lambda t: t.transpose(0, 1),
+    "slice": lambda t: t[1:, ::2],
+    "select": lambda t: t[2],
+    "diagonal": lambda t: t.diagonal(1),
+    "unfold": lambda t: t.unfold(0, 2, 1),
+    "view": lambda t: t.view(-1),
+    "expand": lambda t: t[:1].expand(3, 4),
+    "narrow": lambda t: t.narrow(1, 1, 2),
+    "unsqueeze": lambda t: t.unsqueeze(0),
+    "view_as_dtype": lambda t: t.view(torch.int32),
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_views_alias_like_cpu(enabled, name):
+    fn = VIEWS[name]
+    x = torch.randn(4, 4)
+    d = x.to(DEV)
+    vc, vd = fn(x), fn(d)
+    assert_same(vc, vd)
+    assert same_storage(vd, d)
+    d.add_(1.0)  # a write to the base shows through the view, as on CPU
+    x.add_(1.0)
+    assert_same(fn(x), fn(d))
+    assert_same(vc, vd)
+
+
+def test_split_outputs_alias_the_input(enabled):
+    x = torch.randn(6, 3)
+    d = x.to(DEV)
+    for pc, pd in zip(torch.split(x, [2, 4]), torch.split(d, [2, 4])):
+        assert_same(pc, pd)
+        assert same_storage(pd, d)
+
+
+@pytest.mark.parametrize("op", ["t_", "squeeze_", "unsqueeze_", "transpose_"])
+def test_metadata_mutating_ops_restride_the_same_object(enabled, op):
+    args = {"t_": (), "squeeze_": (), "unsqueeze_": (1,), "transpose_": (0, 1)}[op]
+    x = torch.randn(3, 1, 4) if op != "t_" else torch.randn(3, 5)
+    d = x.to(DEV)
+    rc, rd = getattr(x, op)(*args), getattr(d, op)(*args)
+    assert rc is x and rd is d
+    assert_same(x, d)
+
+
+def test_resize_and_item(enabled):
+    x = torch.arange(6.0)
+    d = x.to(DEV)
+    x.resize_(2, 5)
+    d.resize_(2, 5)
+    assert_same(x[0, :6 // 2], d[0, :6 // 2])
+    assert x.shape == d.shape and x.stride() == d.stride()
+    assert d[0, 1].item() == 1.0
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_op_without_a_path_raises_unsupported(enabled):
+    x = torch.randn(5, 5, device=DEV)
+    with pytest.raises(UnsupportedOpError, match=r"aten\.kthvalue\S* has no path to the target opset"):
+        torch.kthvalue(x, 2)
+
+
+def test_enable_twice_disable_twice(disabled):
+    b = backend.enable(DEV)
+    try:
+        assert backend.enable(DEV.type) is b  # same settings: a no-op
+        assert backend.enabled(DEV) is b and backend.enabled() == [DEV.type]
+        with pytest.raises(BackendError, match="already enabled with other settings; call eagerdecomp.backend.disable"):
+            backend.enable(DEV, "core_aten")
+    finally:
+        assert backend.disable(DEV) is True
+    assert backend.disable(DEV) is False and backend.enabled(DEV) is None
+    with pytest.raises(NotImplementedError, match="silu"):  # the fallback is really gone
+        F.silu(torch.randn(3, device=DEV))
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("nosuchdevice", r"unknown device 'nosuchdevice'.*Load the device's extension"),
+        ("cpu", r"device type 'cpu' has no dispatch key eagerdecomp can take over; expected one of"),
+    ],
+)
+def test_enable_rejects_devices(device, message):
+    with pytest.raises(BackendError, match=message):
+        backend.enable(device)
+
+
+def test_enable_rejects_an_opset_op_the_device_lacks(disabled):
+    with pytest.raises(BackendError, match=r"claims 1 op\(s\) the device has no kernel for: aten\.silu\.default"):
+        backend.enable(DEV, DEVICE_OPS | ["aten::silu.default"])
+    with pytest.raises(BackendError, match="on_unsupported='fallthrough' is not available for a device"):
+        backend.enable(DEV, on_unsupported="fallthrough")
+    assert backend.enabled(DEV) is None
+
+
+def test_explicit_opset_narrows_where_decomposition_stops(disabled):
+    narrow = DEVICE_OPS - ["aten::sigmoid"]
+    backend.enable(DEV, narrow)
+    try:
+        x = torch.randn(6)
+        with refdev.op_log() as ran:
+            out = F.silu(x.to(DEV))
+        assert_same(F.silu(x), out)
+        assert "sigmoid" not in ran and "exp" in ran
+    finally:
+        backend.disable(DEV)
+
+
+# -- processes: the environment switch and the pure-Python path -------------------------------
+
+
+def _run(code: str, **env):
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_environment_switch_enables_the_device():
+    r = _run(
+        """
+        import torch, torch.nn.functional as F
+        import eagerdecomp.backend as b
+        [backend] = b.enable_from_env()
+        x = torch.randn(8)
+        print(backend.device, torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
+        """,
+        EAGERDECOMP_BACKENDS="edref",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["edref", "True"]
+
+
+@pytest.mark.skipif(not hasattr(ed, "enable"), reason="eagerdecomp/__init__.py does not call backend.enable_from_env yet")
+def test_environment_switch_at_import():
+    r = _run(
+        """
+        import torch, torch.nn.functional as F
+        import eagerdecomp as ed
+        x = torch.randn(8)
+        print(ed.backend.enabled(), torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
+        """,
+        EAGERDECOMP_BACKENDS="edref",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["['edref']", "True"]
+
+
+def test_library_works_without_the_extension():
+    r = _run(
+        """
+        import warnings; warnings.simplefilter("error")  # forcing the pure-Python path warns about nothing
+        import torch, torch.nn.functional as F
+        import eagerdecomp as ed
+        from eagerdecomp import _ext, key
+        from eagerdecomp.refdev import reference_device
+        x = torch.randn(8)
+        with ed.EagerDecompMode("core_aten"):
+            y = F.silu(x)
+        print(_ext.status()["loaded"], key.IMPLEMENTATION, torch.allclose(y, F.silu(x)))
+        try:
+            reference_device()
+        except ed.EagerDecompError as e:
+            print(type(e).__name__, "unset EAGERDECOMP_NO_EXT" in str(e))
+        """,
+        EAGERDECOMP_NO_EXT="1",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["disabled", "python", "True", "BackendError", "True"]
+
+
+def test_info_says_what_is_loaded():
+    r = _run("import runpy; runpy.run_module('eagerdecomp.info', run_name='__main__')", EAGERDECOMP_NO_EXT="1")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^C\+\+ library +disabled$", r.stdout, re.M), r.stdout
+    assert re.search(rf"^torch +{re.escape(torch.__version__)} ", r.stdout, re.M), r.stdout
