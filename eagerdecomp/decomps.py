@@ -26,17 +26,6 @@ def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=Non
     return aten.empty_strided.default(size, strides, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
 
 
-@project_decomposition(aten.bernoulli.p)
-def bernoulli_p(self, p=0.5, *, generator=None):
-    # NOTE: no decomposition in PyTorch (dropout's training path needs it). It draws one
-    # uniform per element from the global generator, as the CPU kernel does, but the
-    # streams are not bit-identical to the native kernel's.
-    if generator is not None:
-        return NotImplemented
-    u = aten.rand.default(self.shape, dtype=self.dtype if self.dtype.is_floating_point else torch.float32, device=self.device)
-    return aten._to_copy.default(aten.lt.Scalar(u, p), dtype=self.dtype)
-
-
 def _where_scalars(cond, a, b):
     dtype = torch.result_type(a, b)
     device = cond.device
@@ -159,3 +148,69 @@ def select_int(self, dim, index):
 def masked_select(self, mask):
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     return aten.index.Tensor(aten.expand.default(self, shape), [aten.expand.default(mask, shape)])
+
+
+# NOTE: no decomposition in PyTorch for these two bool-returning comparisons, which
+# test code calls all the time. Both read a data value, so they run on the bypass path.
+@project_decomposition(aten.equal.default)
+def equal(self, other):
+    if self.shape != other.shape:
+        return False
+    return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.ne.Tensor(self, other)))))
+
+
+@project_decomposition(aten.allclose.default)
+def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    close = aten.isclose.default(self, other, rtol, atol, equal_nan)
+    return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.logical_not.default(close)))))
+
+
+# NOTE: the refs lower these through prims whose aten implementation is the op itself
+# (a cycle). Both are exact in core ops: NaN loses to a number, as fmax/fmin specify.
+def _nan_ignoring(pick, self, other):
+    best = pick(self, other)
+    best = aten.where.self(aten.isnan.default(other), self, best)
+    return aten.where.self(aten.isnan.default(self), other, best)
+
+
+@project_decomposition(aten.fmax.default)
+def fmax(self, other):
+    return _nan_ignoring(aten.maximum.default, self, other)
+
+
+@project_decomposition(aten.fmin.default)
+def fmin(self, other):
+    return _nan_ignoring(aten.minimum.default, self, other)
+
+
+@project_decomposition(aten.exp2.default)
+def exp2(self):
+    # NOTE: a cycle through prims.exp2 otherwise; pow.Scalar is core
+    return aten.pow.Scalar(2, self)
+
+
+# NOTE: no decomposition in PyTorch; the sum over the batch of bmm is its definition.
+@project_decomposition(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    total = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
+    total = total if alpha == 1 else aten.mul.Tensor(total, alpha)
+    if beta == 0:  # as eager: self is ignored, NaN and inf in it included
+        return total
+    return aten.add.Tensor(self if beta == 1 else aten.mul.Tensor(self, beta), total)
+
+
+# NOTE: no decomposition in PyTorch. For a 1-D sorted sequence it is bucketize with
+# the arguments swapped, which has one; an N-D sequence or a sorter is declined.
+@project_decomposition(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorted_sequence.dim() != 1 or sorter is not None:
+        return NotImplemented
+    right = right or side == "right"
+    return aten.bucketize.Tensor(self, sorted_sequence, out_int32=out_int32, right=right)
+
+
+# NOTE: resize_ is core; resize_as_ is resize_ to the template's sizes, then its memory
+# format if one is asked for (as eager's resize_as_ does).
+@project_decomposition(aten.resize_as_.default)
+def resize_as_(self, the_template, *, memory_format=None):
+    return aten.resize_.default(self, the_template.shape, memory_format=memory_format)

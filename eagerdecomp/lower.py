@@ -77,9 +77,9 @@ class Lowerer(TorchDispatchMode):
             raise Stuck(chain + [func], "decomposition cycle")
         chain.append(func)
         try:
-            if torch.Tag.inplace_view in func.tags:
-                return self._inplace_view(func, args, kwargs)
             fn = self.table.get(func)
+            if fn is None and torch.Tag.inplace_view in func.tags:
+                return self._inplace_view(func, args, kwargs)
             if fn is not None:
                 with self:
                     out = fn(*args, **kwargs)

@@ -132,7 +132,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
     import torch._decomp as d
 
-    from . import decomps  # noqa: F401  (registers the project fills)
+    from . import decomps, rng  # noqa: F401  (register the project fills)
 
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
     table: Table = {} if prefers_aten else _refs_by_name()

@@ -1,0 +1,207 @@
+"""Random ops, drawn from the three random ops Core ATen keeps: ``rand``, ``randn``, ``randperm``.
+
+PyTorch's tables leave the everyday random ops without a path to core ATen
+(``uniform_`` and ``normal_``, which every ``nn.init`` function calls, lower
+through prims that call them back; ``rand_like`` and ``random_`` have no
+decomposition at all). These fills close that gap.
+
+Every draw is made in the *memory order* of the tensor it fills: ``rand`` over
+the physical shape, then a ``permute`` back to the logical one. That is the
+order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like``,
+``randn_like``, ``uniform_`` and ``normal_`` draw the same numbers as eager
+from the same ``torch.manual_seed`` (up to the last bit where the native
+kernel fuses a multiply-add). Ops whose native kernel uses the generator in
+another way (integer draws, bernoulli with a tensor ``p``) get the right
+distribution from another stream: the report marks every op whose kernel
+draws random numbers.
+
+An explicit ``generator=`` is declined (``NotImplemented``): core ATen's
+``rand`` takes none, so such calls have no path to the opset and say so.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
+
+from .table import project_decomposition
+
+aten = torch.ops.aten
+
+_REDUCED = (torch.float16, torch.bfloat16)
+# significand bits: random_() on a floating tensor draws integers in [0, 2**digits]
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
+def _draw(draw, like, dtype=None, device=None):
+    """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)``."""
+    perm = compute_elementwise_output_logical_to_physical_perm(like)[0] if like.dim() else []
+    physical = [like.shape[d] for d in perm]
+    out = draw(physical, dtype=dtype or like.dtype, device=device or like.device)
+    inverse = [perm.index(d) for d in range(len(perm))]
+    return aten.permute.default(out, inverse) if inverse != list(range(len(inverse))) else out
+
+
+def _declines(generator, memory_format=None) -> bool:
+    preserve = memory_format in (None, torch.preserve_format)
+    return generator is not None or not preserve
+
+
+@project_decomposition(aten.rand_like.default)
+def rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if _declines(None, memory_format):
+        return NotImplemented
+    return _draw(aten.rand.default, self, dtype, device)
+
+
+@project_decomposition(aten.randn_like.default)
+def randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if _declines(None, memory_format):
+        return NotImplemented
+    return _draw(aten.randn.default, self, dtype, device)
+
+
+def _scaled(draw, self, scale, shift):
+    """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it."""
+    acc = torch.float32 if self.dtype in _REDUCED else self.dtype
+    out = _draw(draw, self, acc)
+    out = aten.add.Tensor(aten.mul.Tensor(out, scale), shift) if (scale, shift) != (1, 0) else out
+    return out if acc == self.dtype else aten._to_copy.default(out, dtype=self.dtype)
+
+
+@project_decomposition(aten.uniform.default)
+def uniform(self, from_=0.0, to=1.0, *, generator=None):
+    # NOTE: uniform_ (every nn.init.*uniform_) reaches this through the in-place variant rule
+    if _declines(generator) or not self.dtype.is_floating_point:
+        return NotImplemented
+    return _scaled(aten.rand.default, self, to - from_, from_)
+
+
+@project_decomposition(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    # NOTE: normal_ has no functional overload of the same signature; write it in place here
+    if _declines(generator) or not self.dtype.is_floating_point:
+        return NotImplemented
+    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean))
+
+
+@project_decomposition(aten.normal.Tensor_float)
+def normal_tensor_float(mean, std=1.0, *, generator=None):
+    if _declines(generator):
+        return NotImplemented
+    return aten.add.Tensor(_scaled(aten.randn.default, mean, std, 0.0), mean)
+
+
+@project_decomposition(aten.normal.float_Tensor)
+def normal_float_tensor(mean, std, *, generator=None):
+    if _declines(generator):
+        return NotImplemented
+    return aten.add.Tensor(aten.mul.Tensor(_draw(aten.randn.default, std), std), mean)
+
+
+@project_decomposition(aten.normal.Tensor_Tensor)
+def normal_tensor_tensor(mean, std, *, generator=None):
+    if _declines(generator):
+        return NotImplemented
+    shape = torch.broadcast_shapes(mean.shape, std.shape)
+    like = aten.expand.default(mean, shape) if mean.shape == shape else aten.expand.default(std, shape)
+    noise = _draw(aten.randn.default, aten.clone.default(like), torch.result_type(mean, std))
+    return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
+
+
+@project_decomposition(aten.normal.float_float)
+def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    if generator is not None:
+        return NotImplemented
+    noise = aten.randn.default(size, dtype=dtype, device=device)
+    return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
+
+
+def _integers(self, low, high, dtype=None, device=None):
+    """Uniform integers in ``[low, high)`` from a float64 draw: floor(u * (high - low)) + low.
+
+    NOTE: the native kernels take 32 or 64 random bits modulo the range; this takes 53
+    bits, so the distribution is the same (to 2**-53) but the stream is not.
+    """
+    dtype = dtype or self.dtype
+    u = _draw(aten.rand.default, self, torch.float64, device)
+    ints = aten.floor.default(aten.mul.Tensor(u, float(high - low)))
+    return aten._to_copy.default(aten.add.Tensor(ints, low), dtype=dtype)
+
+
+def _dtype_high(dtype) -> int:
+    """Upper bound (exclusive) of ``random_()`` with no range, as eager defines it."""
+    if dtype == torch.bool:
+        return 2
+    if dtype.is_floating_point:
+        return 2 ** _DIGITS[dtype] + 1  # [0, 2**digits], both ends included
+    return torch.iinfo(dtype).max + 1
+
+
+@project_decomposition(aten.random.default)
+def random(self, *, generator=None):
+    if generator is not None or self.dtype == torch.int64 or self.dtype.is_complex:
+        return NotImplemented  # int64's range needs 63 random bits: more than a float64 draw holds
+    return _integers(self, 0, _dtype_high(self.dtype))
+
+
+@project_decomposition(aten.random.to)
+def random_to(self, to, *, generator=None):
+    if generator is not None or to > 2**53:
+        return NotImplemented
+    return _integers(self, 0, to)
+
+
+@project_decomposition("aten::random.from")
+def random_from(self, from_, to=None, *, generator=None):
+    high = _dtype_high(self.dtype) if to is None else to
+    if generator is not None or high - from_ > 2**53:
+        return NotImplemented
+    return _integers(self, from_, high)
+
+
+@project_decomposition(aten.randint_like.default)
+def randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if _declines(None, memory_format):
+        return NotImplemented
+    return _integers(self, 0, high, dtype, device)
+
+
+@project_decomposition(aten.randint_like.low_dtype)
+def randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if _declines(None, memory_format):
+        return NotImplemented
+    return _integers(self, low, high, dtype, device)
+
+
+@project_decomposition(aten.randint.default)
+def randint(high, size, *, dtype=torch.int64, layout=None, device=None, pin_memory=None):
+    return randint_low(0, high, size, dtype=dtype, device=device)
+
+
+@project_decomposition(aten.randint.low)
+def randint_low(low, high, size, *, dtype=torch.int64, layout=None, device=None, pin_memory=None):
+    u = aten.rand.default(size, dtype=torch.float64, device=device)
+    ints = aten.floor.default(aten.mul.Tensor(u, float(high - low)))
+    return aten._to_copy.default(aten.add.Tensor(ints, low), dtype=dtype if dtype is not None else torch.int64)
+
+
+@project_decomposition(aten.bernoulli.p)
+def bernoulli_p(self, p=0.5, *, generator=None):
+    # NOTE: dropout's training path needs it. One uniform per element, as the CPU kernel
+    # draws, but compared as `u < p` where the kernel compares in its own way: the same
+    # distribution, another stream.
+    if generator is not None:
+        return NotImplemented
+    acc = self.dtype if self.dtype.is_floating_point else torch.float32
+    u = _draw(aten.rand.default, self, acc if acc not in _REDUCED else torch.float32)
+    return aten._to_copy.default(aten.lt.Scalar(u, p), dtype=self.dtype)
+
+
+@project_decomposition(aten.bernoulli.Tensor)
+def bernoulli_tensor(self, p, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    acc = torch.float64 if p.dtype == torch.float64 else torch.float32
+    u = _draw(aten.rand.default, self, acc)
+    return aten._to_copy.default(aten.lt.Tensor(u, p), dtype=self.dtype)
