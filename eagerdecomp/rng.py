@@ -7,13 +7,14 @@ decomposition at all). These fills close that gap.
 
 Every draw is made in the *memory order* of the tensor it fills: ``rand`` over
 the physical shape, then a ``permute`` back to the logical one. That is the
-order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like``,
-``randn_like``, ``uniform_`` and ``normal_`` draw the same numbers as eager
-from the same ``torch.manual_seed`` (up to the last bit where the native
-kernel fuses a multiply-add). Ops whose native kernel uses the generator in
-another way (integer draws, bernoulli with a tensor ``p``) get the right
-distribution from another stream: the report marks every op whose kernel
-draws random numbers.
+order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like`` and
+``uniform_`` draw the same numbers as eager from the same ``torch.manual_seed``
+(up to the last bit where the native kernel fuses a multiply-add), and so do
+``randn_like`` and ``normal_`` on contiguous tensors. Ops whose native kernel
+uses the generator in another way (integer draws, bernoulli, ``normal_`` on a
+non-contiguous tensor, which the CPU kernel fills element by element) get the
+right distribution from another stream: the report marks every op whose
+kernel draws random numbers.
 
 An explicit ``generator=`` is declined (``NotImplemented``): core ATen's
 ``rand`` takes none, so such calls have no path to the opset and say so.
