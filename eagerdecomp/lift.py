@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["Lifted", "lift_positions", "split", "stand_ins", "SPECIAL"]
+__all__ = ["Lifted", "lift_positions", "wrapped_positions", "split", "stand_ins", "SPECIAL"]
 
 SPECIAL = frozenset({0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0})
 _SCALAR_TYPES = frozenset({"float", "number", "Optional[float]", "Optional[number]"})
@@ -70,6 +70,16 @@ def lift_positions(func) -> tuple:
         if str(a.type) in _SCALAR_TYPES:
             out.append(a.name if a.kwarg_only else i)
     return tuple(out)
+
+
+def wrapped_positions(func) -> tuple:
+    """Positions of the ``Tensor`` arguments of a pointwise ``func``, where a Python float
+    can arrive too: eager wraps ``t / 0.3`` as a number tensor, and a boxed device fallback
+    receives it back as the float (``div.out(t, 0.3, out=t)`` from AdamW's ``_foreach_div_``).
+    :func:`split` lifts only floats, so tensors at these positions are untouched."""
+    if torch.Tag.pointwise not in func.tags:
+        return ()
+    return tuple(a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments) if str(a.type) == "Tensor")
 
 
 def _value_class(v) -> Lifted | None:

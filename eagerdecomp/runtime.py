@@ -20,7 +20,7 @@ from .replay import Kernel
 from .report import Stats
 from .table import default_table
 from . import table as _table
-from .lift import lift_positions, split
+from .lift import lift_positions, split, wrapped_positions
 from .trace import LiftRefused, trace
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
@@ -81,7 +81,7 @@ class Runtime:
         """Replay the cached kernel for this call's key, tracing it on a miss."""
         lift = self._lift.get(func)
         if lift is None:
-            lift = self._lift[func] = lift_positions(func)
+            lift = self._lift[func] = lift_positions(func) + wrapped_positions(func)
         lifted = ()
         key_args, key_kwargs = args, kwargs
         if lift:
