@@ -1,0 +1,124 @@
+"""Command line: ``python -m eagerdecomp report ...`` and ``python -m eagerdecomp profile script.py``.
+
+Examples::
+
+    python -m eagerdecomp report --opset core_aten            # every aten overload, and what to implement next
+    python -m eagerdecomp report --opset prims --summary      # counts and the top of "implement next" only
+    python -m eagerdecomp report --opset-file ops.txt --format json -o coverage.json
+    python -m eagerdecomp report --format html -o coverage.html   # the interactive page
+    python -m eagerdecomp report --op gelu                    # the ops whose name contains "gelu"
+    python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _opset(args):
+    from .opset import OpSet
+
+    if args.opset_file:
+        return OpSet.from_file(args.opset_file)
+    return OpSet.preset(args.opset)
+
+
+def _write(text: str, path) -> None:
+    if path in (None, "-"):
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def _report(args) -> int:
+    from . import coverage
+
+    opset = _opset(args)
+    graph = coverage.load_graph(rebuild=args.rebuild)
+    if args.format == "html":
+        from .page import render
+
+        _write(render(graph, opset), args.output or "coverage.html")
+        return 0
+    cov = coverage.analyse(graph, opset)
+    if args.format == "json":
+        data = cov.to_dict(args.top)
+        if args.op:
+            data["ops"] = [r for r in data["ops"] if args.op in r["op"]]
+        _write(json.dumps(data, indent=1), args.output)
+        return 0
+    if args.op:
+        rows = [r for r in cov.rows.values() if args.op in r.op]
+        text = "\n".join(_row_text(cov, r) for r in rows) or f"no aten overload matches {args.op!r}"
+    elif args.summary:
+        text = cov.table(args.top, show=())
+    else:
+        text = cov.table(args.top)
+    _write(text, args.output)
+    return 0
+
+
+def _row_text(cov, r) -> str:
+    node = cov.nodes.get(r.op, {})
+    lines = [f"{r.op}: {r.status}"]
+    if r.status == "reaches":
+        lines.append(f"  depth {r.depth}, lands on: {', '.join(r.leaves) or '(no op: computes nothing a backend runs)'}")
+    elif r.status in ("no path", "undetermined"):
+        lines.append(f"  blocked by {' -> '.join(r.chain)}: {r.reason}")
+    if node.get("via"):
+        lines.append(f"  decomposition: {node['via']}")
+    if node.get("children"):
+        lines.append(f"  calls directly: {', '.join(node['children'])}")
+    return "\n".join(lines)
+
+
+def _profile(args) -> int:
+    from .profile import profile_script
+
+    opset = _opset(args) if args.opset_file else args.opset
+    p = profile_script(args.script, args.argv, opset=opset)
+    _write(json.dumps(p.to_dict(), indent=1) if args.format == "json" else str(p), args.output)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagerdecomp", description="Which ops must my backend implement?")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def opset_args(p):
+        group = p.add_mutually_exclusive_group()
+        group.add_argument("--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)")
+        group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
+        p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+    rep = sub.add_parser("report", help="coverage of every aten overload under an opset")
+    opset_args(rep)
+    rep.add_argument("--format", default="table", choices=["table", "json", "html"])
+    rep.add_argument("--top", type=int, default=10, help="length of the 'implement next' list (default 10)")
+    rep.add_argument("--summary", action="store_true", help="counts and 'implement next' only")
+    rep.add_argument("--op", metavar="TEXT", help="only the ops whose name contains TEXT, in detail")
+    rep.add_argument("--rebuild", action="store_true", help="rebuild the decomposition graph (else cached)")
+    rep.set_defaults(run=_report)
+
+    prof = sub.add_parser("profile", help="run a script under the mode and report what it hit")
+    opset_args(prof)
+    prof.add_argument("--format", default="table", choices=["table", "json"])
+    prof.add_argument("script")
+    prof.add_argument("argv", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    prof.set_defaults(run=_profile)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

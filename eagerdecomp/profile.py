@@ -1,0 +1,166 @@
+"""Profile a real program under :class:`~eagerdecomp.EagerDecompMode`: which ops it hit,
+which were decomposed and into what, which had no path, and where the time went.
+
+Every call that reaches the mode is timed and put under one route:
+
+``passthrough``  an opset op, run as it is;
+``replay``       a cache hit: a traced kernel replayed;
+``tracing``      a cache miss: the decomposition traced into a kernel (plus its first run);
+``eager``        a bypass: decomposed on the real tensors, call after call;
+``native``       no path to the opset, run natively (``on_unsupported="fallthrough"``).
+
+The time outside the mode (Python, autograd, the framework) is the rest of the wall
+time. Timing is done by a subclass of the mode used only here, so the ordinary mode
+pays nothing for it.
+
+Example::
+
+    >>> import torch, eagerdecomp as ed
+    >>> from eagerdecomp.profile import profile
+    >>> p = profile(torch.nn.functional.silu, torch.randn(64))
+    >>> p.calls["replay"] + p.calls["tracing"]
+    1
+    >>> print(p)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from .mode import EagerDecompMode
+from .report import Report
+
+__all__ = ["profile", "profile_script", "Profile", "ROUTES"]
+
+ROUTES = ("passthrough", "replay", "tracing", "eager", "native")
+
+
+class _TimedMode(EagerDecompMode):
+    """EagerDecompMode that times each call and files it under the route it took."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seconds: dict = defaultdict(float)  # (op, route) -> s
+        self.counts: Counter = Counter()  # (op, route) -> calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        stats = self.runtime.stats
+        before = (stats.misses[func], stats.hits[func], stats.unsupported[func])
+        t0 = time.perf_counter()
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            dt = time.perf_counter() - t0
+            if func in self._ops:
+                route = "passthrough"
+            elif stats.unsupported[func] > before[2]:
+                route = "native"
+            elif stats.misses[func] > before[0]:
+                route = "tracing"
+            elif stats.hits[func] > before[1]:
+                route = "replay"
+            else:
+                route = "eager"
+            self.seconds[func, route] += dt
+            self.counts[func, route] += 1
+
+
+@dataclass
+class Profile:
+    """What :func:`profile` saw. ``report`` is the mode's per-op :class:`Report`."""
+
+    report: Report
+    opset: str
+    wall: float  # seconds, the whole call
+    seconds: dict = field(default_factory=dict)  # route -> seconds inside the mode
+    calls: Counter = field(default_factory=Counter)  # route -> calls
+    by_op: dict = field(default_factory=dict)  # op name -> {route: (calls, seconds)}
+    result: object = None  # what the profiled function returned
+
+    @property
+    def outside(self) -> float:
+        """Seconds spent outside the mode (Python, autograd, framework code)."""
+        return max(self.wall - sum(self.seconds.values()), 0.0)
+
+    def to_dict(self) -> dict:
+        return {
+            "opset": self.opset,
+            "wall_s": self.wall,
+            "outside_s": self.outside,
+            "routes": {r: {"calls": self.calls[r], "seconds": self.seconds.get(r, 0.0)} for r in ROUTES},
+            "ops": [
+                {
+                    "op": row.op,
+                    "route": row.route,
+                    "calls": row.calls,
+                    "into": row.into,
+                    "time": {r: {"calls": c, "seconds": s} for r, (c, s) in self.by_op.get(row.op, {}).items()},
+                }
+                for row in self.report.rows
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"eagerdecomp profile, opset {self.opset}: {self.wall * 1e3:.1f} ms wall"]
+        lines.append(f"  {'route':12} {'calls':>8} {'ms':>10} {'share':>7}")
+        for r in ROUTES:
+            s = self.seconds.get(r, 0.0)
+            lines.append(f"  {r:12} {self.calls[r]:>8} {s * 1e3:>10.2f} {100 * s / self.wall if self.wall else 0:>6.1f}%")
+        lines.append(f"  {'outside':12} {'':>8} {self.outside * 1e3:>10.2f} {100 * self.outside / self.wall if self.wall else 0:>6.1f}%")
+        routes = Counter(r.route for r in self.report.rows)
+        lines.append(
+            f"ops hit: {len(self.report.rows)} ({routes['passthrough']} passed through, {routes['decomposed']} decomposed, "
+            f"{routes['bypassed']} decomposed eagerly, {routes['unsupported']} without a path)"
+        )
+        decomposed = [r for r in self.report.rows if r.route in ("decomposed", "bypassed")]
+        if decomposed:
+            lines.append("decomposed, into:")
+            for r in decomposed:
+                lines.append(f"  {r.op} x{r.calls} -> {', '.join(o.removeprefix('aten.') for o in r.into) or '(eager)'}")
+        unsupported = self.report.by_route("unsupported")
+        if unsupported:
+            lines.append("no path to the opset (ran natively; implement these or register decompositions):")
+            lines += [f"  {r.op} x{r.calls}" for r in unsupported]
+        slow = sorted(((sum(s for _, s in t.values()), op) for op, t in self.by_op.items()), reverse=True)[:10]
+        lines.append("most time:")
+        for s, op in slow:
+            detail = ", ".join(f"{r} {c}x {sec * 1e3:.2f} ms" for r, (c, sec) in self.by_op[op].items())
+            lines.append(f"  {op}: {detail}")
+        return "\n".join(lines)
+
+
+def profile(fn, *args, opset="core_aten", **kwargs) -> Profile:
+    """Run ``fn(*args, **kwargs)`` under the mode for ``opset`` and return a :class:`Profile`.
+
+    Ops with no path to the opset run natively (``on_unsupported="fallthrough"``) so
+    the whole program runs and every such op is listed, not just the first.
+    """
+    mode = _TimedMode(opset, on_unsupported="fallthrough")
+    t0 = time.perf_counter()
+    with mode:
+        result = fn(*args, **kwargs)
+    wall = time.perf_counter() - t0
+    seconds: dict = defaultdict(float)
+    calls: Counter = Counter()
+    by_op: dict = defaultdict(dict)
+    for (op, route), s in mode.seconds.items():
+        n = mode.counts[op, route]
+        seconds[route] += s
+        calls[route] += n
+        by_op[str(op)][route] = (n, s)
+    name = mode.opset.name or f"custom ({len(mode.opset)} ops)"
+    return Profile(mode.report(), name, wall, dict(seconds), calls, dict(by_op), result)
+
+
+def profile_script(path: str, argv=(), opset="core_aten") -> Profile:
+    """Run the Python script at ``path`` (as ``__main__``, with ``sys.argv = [path, *argv]``) under :func:`profile`."""
+    saved = sys.argv
+    sys.argv = [path, *argv]
+    try:
+        return profile(runpy.run_path, path, run_name="__main__", opset=opset)
+    finally:
+        sys.argv = saved
