@@ -46,7 +46,7 @@ from .lower import Lowerer, Stuck, is_infrastructure
 from .opset import OpSet
 from .runtime import runtime_for
 
-__all__ = ["compile_backend", "EagerDecompBackend", "LoweredGraph", "backend", "default_backend", "register"]
+__all__ = ["compile_backend", "EagerDecompBackend", "LoweredGraph", "dynamo_backend", "default_backend", "register"]
 
 NAME = "eagerdecomp"
 
@@ -218,15 +218,21 @@ def default_backend() -> EagerDecompBackend:
     return _default
 
 
-def backend(gm: fx.GraphModule, example_inputs, **kwargs):
-    """The function registered as ``"eagerdecomp"`` (also the ``torch_dynamo_backends`` entry point)."""
+def dynamo_backend(gm: fx.GraphModule, example_inputs, **kwargs):
+    """What ``torch.compile(backend="eagerdecomp")`` calls: :func:`default_backend`.
+
+    Dynamo finds it through the ``torch_dynamo_backends`` entry point that the package
+    declares, so the name resolves without importing anything first; :func:`register`
+    does the same by hand (for a source tree that was not installed).
+    """
     return default_backend()(gm, example_inputs, **kwargs)
 
 
 def register() -> None:
-    """Register :func:`backend` with dynamo under the name ``"eagerdecomp"`` (idempotent)."""
+    """Register :func:`dynamo_backend` with dynamo under the name ``"eagerdecomp"`` (idempotent)."""
     from torch._dynamo.backends import registry
 
-    if registry._COMPILER_FNS.get(NAME) is not backend:
+    if registry._COMPILER_FNS.get(NAME) is not dynamo_backend:
+        # NOTE: register_backend refuses a name twice; an entry point loaded earlier may hold it
         registry._COMPILER_FNS.pop(NAME, None)
-        registry.register_backend(backend, name=NAME)
+        registry.register_backend(dynamo_backend, name=NAME)

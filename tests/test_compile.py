@@ -379,7 +379,7 @@ def test_registered_name_after_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         "torch.compile(backend='eagerdecomp') failed in a fresh interpreter. The name is registered by the "
-        "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.compile:backend\"); "
+        "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.compile:dynamo_backend\"); "
         "if it is declared, reinstall the package (make install). stderr:\n" + proc.stderr[-3000:]
     )
 
@@ -423,3 +423,16 @@ def test_training_on_the_reference_device_with_the_switch():
     # ... while the eager regions (the disabled tail, its backward, AdamW) went through it
     decomposed = {row.op for row in report.decomposed}
     assert {"aten.hardswish.default", "aten.hardswish_backward.default"} <= decomposed, decomposed
+
+
+def test_register_by_hand():
+    from eagerdecomp.compile import default_backend, register
+
+    register()
+    register()  # idempotent
+    before = len(default_backend().graphs)
+    x = torch.randn(3, 4)
+    out = torch.compile(lambda t: F.softplus(t) * 3, backend="eagerdecomp")(x)
+    assert_same(out, F.softplus(x) * 3)
+    assert len(default_backend().graphs) == before + 1
+    assert aten.softplus.default not in default_backend().graphs[-1].ops()
