@@ -118,7 +118,8 @@ class EagerDecompBackend:
     """A dynamo backend that lowers every captured graph into ``opset``.
 
     Use :func:`compile_backend` to make one. ``graphs`` lists every
-    :class:`LoweredGraph` it produced, in order.
+    :class:`LoweredGraph` it produced, in order (kept for inspection: clear it
+    if a long-running process compiles many graphs).
     """
 
     def __init__(self, opset="core_aten", compiler: Callable | None = None, decompositions: Mapping | None = None):
@@ -140,7 +141,7 @@ class EagerDecompBackend:
             inference_compiler=functools.partial(self._finish, "inference"),
             decompositions=self._aot_table,
         )
-        return aot(gm, example_inputs)
+        return aot(gm, example_inputs, **kwargs)
 
     def _finish(self, kind: str, gm: fx.GraphModule, example_inputs):
         from torch._functorch.aot_autograd import make_boxed_func
