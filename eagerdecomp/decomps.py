@@ -206,6 +206,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
     if sorted_sequence.dim() != 1 or sorter is not None:
         return NotImplemented
     right = right or side == "right"
+    if sorted_sequence.numel() == 0:  # torch's bucketize decomposition returns float64 here
+        return aten.full.default(self.shape, 0, dtype=torch.int32 if out_int32 else torch.int64, device=self.device)
     return aten.bucketize.Tensor(self, sorted_sequence, out_int32=out_int32, right=right)
 
 

@@ -139,10 +139,10 @@ class _Ref:
 
     def __init__(self, outs, inputs):
         self.outs = outs
-        storages = {_storage(t) for t in inputs}
+        storages = {_storage(t) for t in inputs if t.layout == torch.strided}
         # NOTE: whether an output shares memory with an input is read from the meta kernel,
         # not the schema: unsafe_split/unsafe_chunk return views with no alias annotation.
-        self.shares = [isinstance(o, torch.Tensor) and _storage(o) in storages for o in outs]
+        self.shares = [isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in storages for o in outs]
 
     def out(self, i):
         return self.outs[i] if i < len(self.outs) else None
