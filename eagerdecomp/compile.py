@@ -89,12 +89,43 @@ class LoweredGraph:
         )
 
 
+# Ops AOTAutograd's tracer must see itself: never decomposed while compiling.
+# NOTE: the tracer turns a tensor constant (torch.tensor(...) in user code or in a
+# decomposition) into a graph constant when it meets lift_fresh; the eager Lowerer
+# returns the constant as it is, which would hand a real tensor to the fake trace.
+_TRACER_OWNS = {aten.lift_fresh.default}
+
+# Ops the tracer itself leaves in a graph, rewritten into their opset equivalent.
+# NOTE: functionalization turns lift_fresh into lift_fresh_copy (not core): a fresh copy
+# of the constant, which is what clone makes.
+_GRAPH_REWRITES = {aten.lift_fresh_copy.default: aten.clone.default}
+
+
+class _CompileLowerer(Lowerer):
+    """The eager :class:`Lowerer`, except that ops of ``_TRACER_OWNS`` go on to the tracer."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _TRACER_OWNS:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 def _lower(op, opset, table, *args, **kwargs):
     """Decompose ``op`` inside AOTAutograd's trace, exactly as the eager runtime would."""
     try:
-        return Lowerer(opset, table, _call).lower(op, args, kwargs)
+        return _CompileLowerer(opset, table, _call).lower(op, args, kwargs)
     except Stuck as e:
         raise UnsupportedOpError(op, e.chain, e.reason) from None
+
+
+def _rewrite(gm: fx.GraphModule) -> None:
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _GRAPH_REWRITES:
+            node.target = _GRAPH_REWRITES[node.target]
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 # Opset ops AOTAutograd refuses to find in a graph.
@@ -130,7 +161,9 @@ class EagerDecompBackend:
         self.graphs: list[LoweredGraph] = []
         # AOTAutograd consults its table for every op it traces; each entry starts our Lowerer,
         # which then owns the whole recursive decomposition (cycle guards, bus stops included).
-        self._aot_table = {op: functools.partial(_lower, op, self.opset, self.table) for op in self.table}
+        self._aot_table = {
+            op: functools.partial(_lower, op, self.opset, self.table) for op in self.table if op not in _TRACER_OWNS
+        }
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs):
         from torch._dynamo.backends.common import aot_autograd
@@ -146,6 +179,7 @@ class EagerDecompBackend:
     def _finish(self, kind: str, gm: fx.GraphModule, example_inputs):
         from torch._functorch.aot_autograd import make_boxed_func
 
+        _rewrite(gm)
         self.validate(gm)
         self.graphs.append(LoweredGraph(kind, gm))
         if self.compiler is None:
