@@ -12,6 +12,15 @@ The target opset defaults to the ops with a kernel for the device's key, read
 from the dispatcher, so decomposition stops exactly where the device's kernels
 begin. An explicit opset narrows that; it may not claim an op the device lacks.
 
+PyTorch's composite kernels (CompositeExplicitAutograd[NonFunctional]) serve every
+backend key and so would run before any fallback: ``silu`` would reach us as
+``silu.out``, ``x[idx] = 0`` as the internal ``_index_put_impl_``, which has no
+decomposition. So :func:`enable` also registers the same Python kernel on the
+device's key for each such op outside the opset that the decomposition table
+covers: the device then meets the ops a user called, exactly as
+:class:`~eagerdecomp.EagerDecompMode` does. Composite ops without a decomposition
+keep PyTorch's composite kernel.
+
 Example::
 
     >>> import torch, eagerdecomp as ed
@@ -31,12 +40,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Union
 
 import torch
+from torch._C import DispatchKey
 
-from .errors import BackendError
+from .errors import BackendError, UnsupportedOpError
 from .opset import OpSet, _op_from_name
 from .runtime import Runtime, runtime_for
 
@@ -62,7 +73,10 @@ class Backend:
     key: str
     runtime: Runtime
     settings: tuple
-    library: torch.library.Library
+    library: torch.library.Library  # the fallback
+    composites: torch.library.Library  # the composite ops taken over (see the module docstring)
+    device_ops: OpSet  # the device's own kernels, read before enabling
+    kept_composite: Counter  # calls of taken-over ops that had no path and ran PyTorch's composite
 
     def report(self):
         """Per-op :class:`~eagerdecomp.report.Report` of everything the fallback saw."""
@@ -104,9 +118,12 @@ def _overloads(name: str):
 
 
 def device_opset(device) -> OpSet:
-    """The ops with a kernel registered for ``device``'s dispatch key, read from the dispatcher."""
+    """The ops with a kernel registered for ``device``'s dispatch key, read from the dispatcher
+    (eagerdecomp's own registrations excluded while the device is enabled)."""
     device_type = _device_type(device)
     key = _dispatch_key(device_type)
+    if key in _enabled:
+        return _enabled[key].device_ops
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     ops = [_overloads(n) for n in torch._C._dispatch_get_all_op_names() if has(n, key)]
     return OpSet([op for op in ops if op is not None], name=f"{device_type} kernels")
@@ -208,10 +225,57 @@ def enable(
                     f"the device's own kernels ({len(have)} ops), or narrow the opset."
                 )
         runtime = runtime_for(target, decompositions, on_unsupported)
+        kernel = _fallback_for(runtime, device_type)
         library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
-        library.fallback(_fallback_for(runtime, device_type), key)
-        backend = _enabled[key] = Backend(device_type, key, runtime, settings, library)
+        library.fallback(kernel, key)
+        composites = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+        kept: Counter = Counter()
+        for op, composite_key in _composites_to_take_over(runtime, have):
+            composites.impl(op, _take_over(kernel, runtime, op, composite_key, kept), key)
+        backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have, kept)
         return backend
+
+
+def _take_over(kernel, runtime: Runtime, op, composite_key, kept: Counter):
+    def take_over(*args, **kwargs):
+        try:
+            return kernel(op, *args, **kwargs)
+        except UnsupportedOpError:
+            # NOTE: no path to the opset from here (e.g. _foreach_mul_ -> _foreach_mul, which has
+            # no decomposition): run PyTorch's composite kernel, as the device would without us.
+            # The trace failed over fake tensors, so nothing ran yet. Not an unsupported op.
+            runtime.stats.unsupported[op] -= 1
+            kept[op] += 1
+            return op._op_dk(composite_key, *args, **kwargs)
+
+    return take_over
+
+
+# NOTE: these keep PyTorch's composite kernel. C++ wraps their results in new Python
+# objects (Parameter(), Tensor._make_subclass, fake tensor conversion detach first), and a
+# tensor returned by a Python kernel already has one: "raw Tensor object is already associated".
+_KEEP_COMPOSITE = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
+_TAKEN_OVER_KEYS = (DispatchKey.CompositeExplicitAutogradNonFunctional, DispatchKey.CompositeExplicitAutograd)
+
+
+def _composites_to_take_over(runtime: Runtime, have: OpSet) -> list:
+    """``(op, composite key)`` for each op outside the opset that a composite kernel would
+    run on the device and that the decomposition table covers (precedence as the dispatcher's)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    out = []
+    for op in runtime.table:
+        if op in runtime.ops or op in have or op.namespace != "aten" or op in _KEEP_COMPOSITE:
+            continue
+        if op.__name__.startswith("_foreach_"):
+            # NOTE: their composite loops over the list calling per-tensor ops (taken over or
+            # the device's own); taken over whole, a list of per-parameter floats (AdamW's step
+            # sizes) is keyed by value and retraced every step, and _foreach_mul has no path.
+            continue
+        for dk in _TAKEN_OVER_KEYS:
+            if has(op.name(), dk.name):
+                out.append((op, dk))
+                break
+    return out
 
 
 def disable(device) -> bool:
@@ -221,6 +285,7 @@ def disable(device) -> bool:
         backend = _enabled.pop(key, None)
     if backend is None:
         return False
+    backend.composites._destroy()
     backend.library._destroy()
     return True
 

@@ -81,6 +81,7 @@ def _device_module() -> types.ModuleType:
     mod.get_rng_state = lambda device=None: torch.get_rng_state()
     mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
     mod.synchronize = lambda device=None: None
+    mod.device = lambda device: contextlib.nullcontext()  # one device: nothing to switch (torch.load uses it)
     return mod
 
 

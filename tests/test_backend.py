@@ -123,6 +123,23 @@ def test_silu_decomposes_onto_device_kernels(enabled):
     assert "sigmoid" in ran and "mul.Tensor" in ran and not any("silu" in k for k in ran)
 
 
+def test_composite_ops_are_taken_over(enabled):
+    # index_put_ has a composite kernel that would call the internal _index_put_impl_ (no
+    # decomposition); the switch takes index_put_ itself, as EagerDecompMode would see it
+    w, idx = torch.randn(5, 3), torch.tensor([0, 3])
+    d = w.to(DEV)
+    w[idx] = 0.5
+    d[idx.to(DEV)] = 0.5
+    assert_same(w, d)
+    F.silu(d)
+    rows = {r.op: r.route for r in enabled.report().rows}
+    assert rows["aten.index_put_.default"] == "decomposed" and rows["aten.silu.default"] == "decomposed"
+    assert "aten.silu.out" not in rows
+    # detach keeps PyTorch's composite kernel (Parameter() wraps its result)
+    p = torch.nn.Parameter(torch.randn(3, device=DEV))
+    assert type(p) is torch.nn.Parameter and p.device.type == DEV.type
+
+
 def test_dropout_follows_the_global_seed(enabled):
     x = torch.ones(64, 64, device=DEV)
     torch.manual_seed(3)
