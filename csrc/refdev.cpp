@@ -180,6 +180,15 @@ class Call {
       impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
   }
 
+  // A real device would reject a CPU tensor (other than a 0-dim one) among its operands;
+  // the CPU kernels below would not, so the reference device checks it itself.
+  void check_devices(const c10::OperatorHandle& op) const {
+    if (!saw_device_ || !host_operand_.defined() || mixes_devices(op)) return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a CPU tensor of shape ",
+                host_operand_.sizes(), " among the operands of ", op.operator_name(),
+                " on edref (only 0-dim CPU tensors may join device tensors)");
+  }
+
  private:
   c10::Storage host_storage(const c10::Storage& dev) {
     auto* d = dev.unsafeGetStorageImpl();
@@ -198,8 +207,10 @@ class Call {
   at::Tensor host_tensor(const at::Tensor& t) {
     if (!is_device(t)) {
       if (t.defined() && t.has_storage()) host_inputs_.insert(t.storage().unsafeGetStorageImpl());
+      if (t.defined() && t.dim() > 0 && !host_operand_.defined()) host_operand_ = t;
       return t;
     }
+    saw_device_ = true;
     auto out = at::detail::make_tensor<c10::TensorImpl>(
         host_storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
     auto* impl = out.unsafeGetTensorImpl();
@@ -244,6 +255,15 @@ class Call {
     return out;
   }
 
+  static bool mixes_devices(const c10::OperatorHandle& op) {
+    // NOTE: copies move data between devices, and indexing accepts CPU indices, as on CUDA
+    static const std::unordered_set<std::string> mixers = {
+        "aten::copy_", "aten::_to_copy", "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"};
+    return mixers.count(op.operator_name().name) > 0;
+  }
+
+  bool saw_device_ = false;
+  at::Tensor host_operand_;
   std::unordered_map<c10::StorageImpl*, c10::intrusive_ptr<c10::StorageImpl>> to_host_;
   std::unordered_map<c10::StorageImpl*, c10::Storage> to_dev_;
   std::unordered_set<c10::StorageImpl*> host_inputs_;
@@ -273,6 +293,7 @@ void forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> host(nargs);
   Call call;
   for (size_t i = 0; i < nargs; ++i) host[i] = call.to_host(original[i]);
+  call.check_devices(op);
   for (size_t i = 0; i < nargs; ++i) first[i] = host[i];
 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);

@@ -72,6 +72,14 @@ def test_device_is_strict_without_eagerdecomp(disabled):
     assert ran["sigmoid"] == 1
 
 
+def test_device_rejects_cpu_operands_like_a_real_device(enabled):
+    d = torch.ones(3, device=DEV)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device.*CPU tensor of shape \[3\]"):
+        torch.ops.aten.add.Tensor(d, torch.ones(3))
+    assert_same(torch.ones(3) + torch.tensor(2.0), d + torch.tensor(2.0))  # a 0-dim CPU tensor may join
+    assert_same(torch.ones(3).index_select(0, torch.tensor([0, 2])), d[torch.tensor([0, 2])])  # CPU indices too
+
+
 def test_demo_model_fails_without_eagerdecomp(disabled):
     model = TransformerBlock(dropout=0.0).to(DEV)
     x, y = TransformerBlock.batch(device=DEV)
