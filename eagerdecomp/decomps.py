@@ -216,3 +216,39 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 @project_decomposition(aten.resize_as_.default)
 def resize_as_(self, the_template, *, memory_format=None):
     return aten.resize_.default(self, the_template.shape, memory_format=memory_format)
+
+
+# NOTE: the legacy scatter(reduce="add"|"multiply") is scatter_reduce (core) including self.
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@project_decomposition(aten.scatter.reduce)
+def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    if reduce not in _SCATTER_REDUCE:
+        return NotImplemented
+    return aten.scatter_reduce.two(self, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
+# NOTE: no decomposition in PyTorch. Both pass the gradient outside [-lambd, lambd].
+def _shrink_backward(grad_out, self, lambd):
+    inside = aten.logical_and.default(aten.ge.Scalar(self, -lambd), aten.le.Scalar(self, lambd))
+    return aten.where.self(inside, aten.scalar_tensor.default(0, dtype=grad_out.dtype, device=grad_out.device), grad_out)
+
+
+@project_decomposition(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    return _shrink_backward(grad_out, self, lambd)
+
+
+@project_decomposition(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    return _shrink_backward(grad_output, self, lambd)
+
+
+# NOTE: no decomposition in PyTorch. put indexes self as if it were 1-D: index_put
+# (core) on the flattened tensor is the same, negative indices and accumulate included.
+@project_decomposition(aten.put.default)
+def put(self, index, source, accumulate=False):
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    out = aten.index_put.default(flat, [aten.view.default(index, [-1])], aten.view.default(source, [-1]), accumulate)
+    return aten.view.default(out, list(self.shape))
