@@ -114,7 +114,25 @@ def reference_device() -> torch.device:
         torch._register_device_module(DEVICE_NAME, _device_module())
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
         _loaded = True
+    _check_autograd()
     return torch.device(DEVICE_NAME, 0)
+
+
+def _check_autograd() -> None:
+    # NOTE: the autograd engine sizes its per-device queues once, at the process's first
+    # backward pass; a device registered after that cannot run backward. A tiny backward on
+    # the device (core ops only) starts the engine with edref known, or finds it too late.
+    x = torch.ones(2).to(DEVICE_NAME).requires_grad_()
+    try:
+        torch.autograd.grad(x * 2.0, x, torch.ones(2).to(DEVICE_NAME))  # mul only: a core op
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        raise BackendError(
+            "reference_device: a backward pass ran in this process before the reference device was "
+            "registered, and the autograd engine only knows the devices present at its first backward; "
+            "expected reference_device() to be called first. Call it at the start of the program."
+        ) from None
 
 
 def is_loaded() -> bool:
