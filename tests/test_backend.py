@@ -344,6 +344,23 @@ def test_environment_switch_at_import():
     assert r.stdout.split() == ["['edref']", "True"]
 
 
+def test_reference_device_after_a_backward_pass_is_a_clear_error():
+    r = _run(
+        """
+        import torch
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+        from eagerdecomp.refdev import reference_device
+        try:
+            reference_device()
+        except Exception as e:
+            print(type(e).__name__, "Call it at the start of the program" in str(e))
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["BackendError", "True"]
+
+
 def test_library_works_without_the_extension():
     r = _run(
         """
