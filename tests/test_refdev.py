@@ -1,0 +1,104 @@
+"""The reference device itself (csrc/refdev.cpp), without the device switch: its kernels
+forward to CPU over the same memory, so storage, views and metadata changes must come
+back exactly as on CPU."""
+
+import io
+
+import pytest
+import torch
+
+from eagerdecomp import backend
+from eagerdecomp.errors import BackendError
+
+refdev = pytest.importorskip("eagerdecomp.refdev")
+
+try:
+    DEV = refdev.reference_device()
+except BackendError as e:
+    pytest.skip(f"reference device unavailable: {e}", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def strict():
+    backend.disable(DEV)  # these tests use core ops only, on the device's own kernels
+    yield
+
+
+def ptr(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_round_trip_and_device_tags():
+    x = torch.randn(3, 4)
+    d = x.to(DEV)
+    assert d.device == torch.device("edref", 0) and d.is_edref and ptr(d) != ptr(x)
+    assert torch.equal(d.cpu(), x)
+    assert torch.empty_strided((2, 3), (1, 2), device=DEV).stride() == (1, 2)
+
+
+def test_core_view_ops_share_the_device_storage():
+    x = torch.arange(12.0).reshape(3, 4)
+    d = x.to(DEV)
+    for fn in (lambda t: t.as_strided((2, 2), (1, 4), 1), lambda t: t.view(4, 3), lambda t: t.permute(1, 0), lambda t: t[1]):
+        v, vc = fn(d), fn(x)
+        assert ptr(v) == ptr(d) and v.device.type == "edref"
+        assert (v.shape, v.stride(), v.storage_offset()) == (vc.shape, vc.stride(), vc.storage_offset())
+        assert torch.equal(v.cpu(), vc)
+
+
+def test_copy_between_devices_writes_in_place():
+    d = torch.zeros(2, 3).to(DEV)
+    src = torch.randn(2, 3)
+    assert d.copy_(src) is d and torch.equal(d.cpu(), src)
+    back = torch.empty(2, 3)
+    assert back.copy_(d) is back and torch.equal(back, src)
+
+
+def test_resize_grows_the_device_storage_like_cpu():
+    x = torch.arange(4.0)
+    d = x.to(DEV)
+    x.resize_(3, 3)
+    assert d.resize_(3, 3) is d
+    assert (d.shape, d.stride()) == (x.shape, x.stride())
+    assert d.untyped_storage().nbytes() == x.untyped_storage().nbytes()
+    assert torch.equal(d.cpu().flatten()[:4], torch.arange(4.0))  # the old data moved along
+
+
+def test_set_variants_rebind_storage():
+    b = torch.arange(6.0).to(DEV)
+    a = torch.empty(0).to(DEV)
+    assert a.set_(b) is a and ptr(a) == ptr(b) and torch.equal(a.cpu(), b.cpu())
+    c = torch.empty(0).to(DEV)
+    c.set_(b.untyped_storage(), 2, (2,), (2,))
+    assert ptr(c) == ptr(b) and (c.storage_offset(), c.stride()) == (2, (2,))
+    assert torch.equal(c.cpu(), torch.tensor([2.0, 4.0]))
+    c.set_()
+    assert c.shape == (0,) and c.device.type == "edref"
+
+
+def test_untyped_storage_and_serialization():
+    s = torch.UntypedStorage(16, device=DEV)
+    assert s.device.type == "edref" and s.nbytes() == 16
+    s.resize_(32)
+    assert s.nbytes() == 32
+    x = torch.randn(5).to(DEV)
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    buf.seek(0)
+    y = torch.load(buf)
+    assert y.device.type == "edref" and torch.equal(y.cpu(), x.cpu())
+
+
+def test_item_and_scalar_operands():
+    d = torch.tensor([1.5, 2.5]).to(DEV)
+    assert d[1].item() == 2.5
+    assert torch.equal((d * torch.tensor(2.0)).cpu(), torch.tensor([3.0, 5.0]))  # 0-dim CPU operand
+    assert (d * 2).dtype == torch.float32  # a wrapped Python number promotes as on CPU
+
+
+def test_op_log_counts_what_ran():
+    d = torch.randn(3).to(DEV)
+    with refdev.op_log() as ran:
+        torch.sigmoid(d)
+        torch.sigmoid(d)
+    assert ran["sigmoid"] == 2 and set(ran) == {"sigmoid"}
