@@ -69,12 +69,15 @@ def _row_text(cov, r) -> str:
     lines = [f"{r.op}: {r.status}"]
     if r.status == "reaches":
         lines.append(f"  depth {r.depth}, lands on: {', '.join(r.leaves) or '(no op: computes nothing a backend runs)'}")
+        if r.caveats:
+            lines.append(f"  some inputs fail in: {', '.join(r.caveats)}")
     elif r.status in ("no path", "undetermined"):
         lines.append(f"  blocked by {' -> '.join(r.chain)}: {r.reason}")
     if node.get("via"):
         lines.append(f"  decomposition: {node['via']}")
     if node.get("children"):
         lines.append(f"  calls directly: {', '.join(node['children'])}")
+    lines += [f"  note: {n}" for n in node.get("notes", ())]
     return "\n".join(lines)
 
 

@@ -384,14 +384,23 @@ def _run_job(job: dict, quiet: bool = False) -> dict:
 
 
 # the modules whose code decides the graph: a change to any of them rebuilds it
-_GRAPH_SOURCES = ("coverage.py", "coverage_inputs.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
+# (of this module, only the functions that build it: the analysis can change freely)
+_GRAPH_SOURCES = ("coverage_inputs.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
+
+
+def _graph_code() -> tuple:
+    return (_AllBut, _via, one_level, _guarded_map, _analyse_op, _build, CALLS_PER_CHILD, MAX_ROUNDS)
 
 
 def _fingerprint(tables: dict) -> str:
+    import inspect
+
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent
     for path in _GRAPH_SOURCES:
         h.update(path.encode() + (here / path).read_bytes())
+    for part in _graph_code():
+        h.update((inspect.getsource(part) if callable(part) else repr(part)).encode())
     for flavour, table in sorted(tables.items()):
         h.update(flavour.encode())
         for op in sorted(table, key=str):
@@ -474,6 +483,7 @@ class Row:
     blocker: str = ""  # for "no path"/"undetermined": the op that stops it
     chain: list = field(default_factory=list)  # op -> ... -> blocker
     reason: str = ""  # why the blocker stops
+    caveats: list = field(default_factory=list)  # ops on the way whose decomposition declined or failed some inputs
 
 
 def _reach(nodes: dict, ops: frozenset) -> tuple:
@@ -520,6 +530,7 @@ class Coverage:
         self.opset_names = frozenset(name(op) for op in opset.ops)
         self.depth, self.parents = _reach(self.nodes, self.opset_names)
         self._leaves: dict = {}
+        self._caveats: dict = {}
         self.rows = {op: self._row(op) for op in graph.aten_ops()}
 
     def leaves(self, op: str) -> frozenset:
@@ -530,6 +541,19 @@ class Coverage:
             node = self.nodes.get(op, {})
             hit = frozenset().union(*[self.leaves(c) for c in node.get("children", ())])
             self._leaves[op] = hit
+        return hit
+
+    def caveats(self, op: str) -> frozenset:
+        """Ops on ``op``'s way down (itself included) whose decomposition declined or raised
+        on some sample inputs while it worked on others: for those inputs there is no path."""
+        if op in self.opset_names:
+            return frozenset()
+        hit = self._caveats.get(op)
+        if hit is None:
+            node = self.nodes.get(op, {})
+            own = frozenset([op]) if node.get("notes") else frozenset()
+            hit = own.union(*[self.caveats(c) for c in node.get("children", ())])
+            self._caveats[op] = hit
         return hit
 
     def _blocker(self, op: str) -> tuple:
@@ -553,7 +577,7 @@ class Coverage:
         if op in self.opset_names:
             return Row(op, "in opset", 0, [op])
         if op in self.depth:
-            return Row(op, "reaches", self.depth[op], sorted(self.leaves(op)))
+            return Row(op, "reaches", self.depth[op], sorted(self.leaves(op)), caveats=sorted(self.caveats(op)))
         chain, reason, definite = self._blocker(op)
         return Row(op, "no path" if definite else "undetermined", blocker=chain[-1], chain=chain, reason=reason)
 
@@ -591,6 +615,10 @@ class Coverage:
         reached = dict(self.depth)
         picks = []
         candidates = {op for op in self.nodes if op not in reached}
+        if self.flavour == "aten":
+            # NOTE: one prims op in the opset switches the runtime to refs-based tables (see
+            # table.default_table), which this flavour's graph does not describe
+            candidates = {op for op in candidates if not op.startswith("prims.")}
         for _ in range(k):
             best, best_gain = None, 0
             for c in sorted(candidates):
@@ -610,7 +638,11 @@ class Coverage:
         c = self.counts()
         total = sum(c.values())
         parts = ", ".join(f"{n} {s}" for s, n in c.items())
-        return f"{self.opset.name or 'custom opset'} ({len(self.opset)} ops, {self.flavour} tables): {total} aten overloads: {parts}"
+        partial = sum(1 for r in self.by_status("reaches") if r.caveats)
+        return (
+            f"{self.opset.name or 'custom opset'} ({len(self.opset)} ops, {self.flavour} tables): {total} aten overloads: "
+            f"{parts} ({partial} of those that reach it have an op on the way that declines or fails some inputs)"
+        )
 
     def to_dict(self, top: int = 10) -> dict:
         return {
@@ -632,8 +664,9 @@ class Coverage:
             lines += ["", f"{status} ({len(rows)}): {STATUSES[status]}"]
             for r in rows:
                 if status == "reaches":
-                    leaves = ", ".join(o.removeprefix("aten.") for o in r.leaves)
-                    lines.append(f"  {r.op:{width}}  depth {r.depth}  -> {leaves}")
+                    leaves = ", ".join(o.removeprefix("aten.") for o in r.leaves) or "(no op: computes nothing a backend runs)"
+                    some = f"  [some inputs fail in: {', '.join(r.caveats)}]" if r.caveats else ""
+                    lines.append(f"  {r.op:{width}}  depth {r.depth}  -> {leaves}{some}")
                 else:
                     via = " -> ".join(r.chain[1:]) if len(r.chain) > 1 else "itself"
                     lines.append(f"  {r.op:{width}}  blocked by {via}: {r.reason}")

@@ -20,9 +20,10 @@ coverage analysis lowers each op on concrete inputs. They come, best first, from
     calls that other ops' decompositions made of it (added by the analysis, see
     :meth:`Pool.add_recorded`), kept besides the above.
 
-Every sample is checked by running the op itself on fake tensors: a sample the
-op's own kernel rejects is dropped, never lowered. An op for which no sample
-survives is reported as undetermined, with the reason.
+Every sample but the captured ones is checked by running the op itself, on fake
+tensors and then on copies of the real ones (meta kernels do not check dtypes): a
+sample the op's own kernel rejects is dropped, never lowered. An op for which no
+sample survives is reported as undetermined, with the reason.
 
 Tensors are kept real (small, CPU) so a decomposition that needs a data value
 can still be lowered on them. Meta kernels can crash the process on guessed
@@ -61,6 +62,8 @@ __all__ = ["Sample", "Pool", "samples_for", "fake_args", "quiet", "snapshot", "P
 PER_OP = 3
 # OpInfo samples run per OpInfo entry.
 PER_OPINFO = 3
+# Calls other decompositions made of an op, kept besides its own samples.
+RECORDED_PER_OP = 6
 
 
 @dataclass
@@ -97,6 +100,17 @@ def _signature(args, kwargs) -> tuple:
     return tuple(sig(x) for x in tree_leaves((args, kwargs)))
 
 
+def _kind(args, kwargs) -> tuple:
+    """A coarse signature: calls that differ only in sizes are of one kind (what changes a
+    decomposition's branches is mostly rank, dtype, layout, and scalar-vs-tensor)."""
+    def sig(x):
+        if isinstance(x, torch.Tensor):
+            return ("T", x.dim(), x.dtype, x.is_contiguous())
+        return (type(x).__name__, repr(x)[:40])
+
+    return tuple(sig(x) for x in tree_leaves((args, kwargs)))
+
+
 class Pool:
     """Samples by op: ``by_op`` holds checked ones (at most :data:`PER_OP` distinct per op);
     ``candidates`` holds OpInfo samples bound to other overloads of their packet, not
@@ -127,9 +141,10 @@ class Pool:
         return True
 
     def add_recorded(self, op, args, kwargs) -> bool:
-        """Keep a call a decomposition made of ``op`` (at most :data:`PER_OP`); True when new."""
-        sig = _signature(args, kwargs)
-        if len(self.recorded[op]) >= PER_OP or sig in self._seen_recorded[op]:
+        """Keep a call a decomposition made of ``op`` (at most :data:`RECORDED_PER_OP` of
+        different kinds); True when new."""
+        sig = _kind(args, kwargs)
+        if len(self.recorded[op]) >= RECORDED_PER_OP or sig in self._seen_recorded[op]:
             return False
         self._seen_recorded[op].add(sig)
         self.recorded[op].append(Sample(args, kwargs, "recorded"))

@@ -271,13 +271,13 @@ function unlockedBy(g, reached, c) {
   return out;
 }
 
-function implementNext(g, depth, k) {
+function implementNext(g, depth, k, fl) {
   const reached = new Uint8Array(N); for (let i = 0; i < N; i++) reached[i] = depth[i] >= 0 ? 1 : 0;
   const picks = [];
   for (let r = 0; r < k; r++) {
     let best = -1, bestGain = 0;
     for (let c = 0; c < N; c++) {  // in name order, like the Python ranking: ties go to the first
-      if (reached[c]) continue;
+      if (reached[c] || (fl === "aten" && isPrims[c])) continue;  // a prims op would switch the tables
       let gain = 0; for (const o of unlockedBy(g, reached, c)) gain += isAten[o];
       if (gain > bestGain) { best = c; bestGain = gain; }
     }
@@ -366,7 +366,7 @@ function render() {
   $("next").innerHTML = "<li class='muted'>computing&hellip;</li>";
   clearTimeout(render.t);
   render.t = setTimeout(() => {
-    const picks = implementNext(state.g, state.depth, 10);
+    const picks = implementNext(state.g, state.depth, 10, state.fl);
     $("next").innerHTML = picks.length ? picks.map(([i, n]) => "<li>" + esc(D.names[i]) + " <span class='muted'>unlocks " + n +
       "</span><button data-add='" + i + "'>tick</button></li>").join("") : "<li class='muted'>nothing left to unlock</li>";
   }, 0);
