@@ -259,6 +259,23 @@ def test_op_without_a_path_raises_unsupported(enabled):
         torch.kthvalue(x, 2)
 
 
+def test_user_decomposition_fills_a_gap(disabled):
+    def kthvalue(x, k, dim=-1, keepdim=False):
+        values, indices = torch.topk(x, k, dim, largest=False)
+        values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+        return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+    backend.enable(DEV, decompositions={"aten::kthvalue.default": kthvalue})
+    try:
+        x = torch.randn(4, 6)
+        got = torch.kthvalue(x.to(DEV), 2, 1)
+        want = torch.kthvalue(x, 2, 1)
+        assert_same(want.values, got.values)
+        assert_same(want.indices, got.indices)
+    finally:
+        backend.disable(DEV)
+
+
 def test_enable_twice_disable_twice(disabled):
     b = backend.enable(DEV)
     try:
