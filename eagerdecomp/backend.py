@@ -23,12 +23,15 @@ keep PyTorch's composite kernel.
 
 Example::
 
-    >>> import torch, eagerdecomp as ed
+    >>> import torch
+    >>> from eagerdecomp import backend
     >>> from eagerdecomp.refdev import reference_device
     >>> dev = reference_device()                     # a strict core-ATen-only device
-    >>> ed.backend.enable(dev.type)
-    >>> y = torch.nn.functional.silu(torch.randn(4, device=dev))   # silu is not core: decomposed
-    >>> ed.backend.disable(dev.type)
+    >>> _ = backend.enable(dev.type)
+    >>> y = torch.nn.functional.silu(torch.randn(4).to(dev))   # silu is not core: decomposed
+    >>> backend.enabled(dev).report().row(torch.ops.aten.silu.default).route
+    'decomposed'
+    >>> backend.disable(dev.type)
     True
 
 Deployments that cannot change code set ``EAGERDECOMP_BACKENDS=mydevice`` (comma
