@@ -103,8 +103,9 @@ def reference_device() -> torch.device:
             )
         lib = _ext.load(build=True)
         if lib is None:
+            why = "EAGERDECOMP_NO_EXT=1 forces the pure-Python path" if _ext.disabled() else _ext.status()["error"]
             raise BackendError(
-                f"reference_device: the C++ library is not available ({_ext.status()['error']}); expected a "
+                f"reference_device: the C++ library is not available ({why}); expected a "
                 "prebuilt eagerdecomp._C or a working compiler for the just-in-time build. Install with "
                 "`pip install --no-build-isolation -e .`, or unset EAGERDECOMP_NO_EXT."
             )
