@@ -13,6 +13,7 @@ Example::
 """
 
 from .cache import cache_clear, cache_info
+from .compile import compile_backend
 from . import errors
 from .errors import *  # noqa: F401,F403  (the error classes; listed in errors.__all__)
 from .mode import EagerDecompMode
@@ -28,5 +29,6 @@ __all__ = [
     "register_decomposition",
     "cache_info",
     "cache_clear",
+    "compile_backend",
     *errors.__all__,
 ]
