@@ -243,11 +243,14 @@ def _take_over(kernel, runtime: Runtime, op, composite_key, kept: Counter):
     def take_over(*args, **kwargs):
         try:
             return kernel(op, *args, **kwargs)
-        except UnsupportedOpError:
-            # NOTE: no path to the opset from here (e.g. _foreach_mul_ -> _foreach_mul, which has
-            # no decomposition): run PyTorch's composite kernel, as the device would without us.
+        except UnsupportedOpError as e:
+            if e.op is not op:  # an op further down has no path: its own error stands
+                raise
+            # NOTE: no path to the opset from this op (its decomposition leads to an op with
+            # none): run PyTorch's composite kernel, as the device would without eagerdecomp.
             # The trace failed over fake tensors, so nothing ran yet. Not an unsupported op.
-            runtime.stats.unsupported[op] -= 1
+            if runtime.stats.unsupported[op] > 0:
+                runtime.stats.unsupported[op] -= 1
             kept[op] += 1
             return op._op_dk(composite_key, *args, **kwargs)
 

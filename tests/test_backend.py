@@ -276,6 +276,21 @@ def test_user_decomposition_fills_a_gap(disabled):
         backend.disable(DEV)
 
 
+def test_taken_over_op_without_a_path_keeps_its_composite(disabled):
+    # a decomposition that leads nowhere (kthvalue has no path): transpose runs PyTorch's own
+    # composite kernel instead, exactly as on the device without eagerdecomp
+    stuck = {"aten::transpose.int": lambda x, a, b: torch.kthvalue(x, 1, a)[0]}
+    b = backend.enable(DEV, decompositions=stuck)
+    try:
+        x = torch.randn(3, 4)
+        got = x.to(DEV).transpose(0, 1)
+        assert_same(x.transpose(0, 1), got)
+        assert b.kept_composite[torch.ops.aten.transpose.int] == 1
+        assert not b.report().by_route("unsupported")
+    finally:
+        backend.disable(DEV)
+
+
 def test_enable_twice_disable_twice(disabled):
     b = backend.enable(DEV)
     try:
