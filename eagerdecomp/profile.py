@@ -120,7 +120,8 @@ class Profile:
         if decomposed:
             lines.append("decomposed, into:")
             for r in decomposed:
-                lines.append(f"  {r.op} x{r.calls} -> {', '.join(o.removeprefix('aten.') for o in r.into) or '(eager)'}")
+                into = ", ".join(o.removeprefix("aten.") for o in r.into)
+                lines.append(f"  {r.op} x{r.calls} -> {into or ('(decomposed eagerly)' if r.route == 'bypassed' else '(no op)')}")
         unsupported = self.report.by_route("unsupported")
         if unsupported:
             lines.append("no path to the opset (ran natively; implement these or register decompositions):")
