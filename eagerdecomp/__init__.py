@@ -12,6 +12,8 @@ Example::
     >>> print(mode.report())  # doctest: +SKIP
 """
 
+from . import backend
+from .backend import disable, enable
 from .cache import cache_clear, cache_info
 from .compile import compile_backend
 from . import errors
@@ -30,5 +32,10 @@ __all__ = [
     "cache_info",
     "cache_clear",
     "compile_backend",
+    "enable",
+    "disable",
+    "backend",
     *errors.__all__,
 ]
+
+backend.enable_from_env()  # EAGERDECOMP_BACKENDS=dev1,dev2[=opset]: the switch for deployments that cannot change code

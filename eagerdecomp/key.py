@@ -130,10 +130,7 @@ def ambient_state() -> tuple:
 
 def _load_native():
     """The C++ builder (csrc/key.cpp) if the extension is available: same fields, ~5x faster."""
-    try:
-        from . import _ext
-    except ImportError:  # TODO(lead): drop once eagerdecomp/_ext.py has landed
-        return None
+    from . import _ext
 
     lib = _ext.load()
     if lib is None or not hasattr(lib, "make_key"):
