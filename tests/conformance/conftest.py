@@ -5,7 +5,8 @@ OpInfo of ``op_db`` at every supported dtype among :data:`DTYPES`, on every
 sample, and writes ``reports/conformance.md`` and ``.json``. Without it,
 ``make test`` runs the fast slice (:func:`fast_slice`): every OpInfo, at one
 dtype each, on its first samples, which keeps every op's path honest within
-CI's budget.
+CI's budget. ``EAGERDECOMP_CONFORMANCE_SAMPLES=N`` caps a full run at N samples
+per OpInfo and dtype (the summary says so).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 FULL = os.environ.get("EAGERDECOMP_CONFORMANCE", "").lower() == "full"
+# a full run may cap the samples per (OpInfo, dtype) to fit a time budget; 0 means every sample
+MAX_SAMPLES = int(os.environ.get("EAGERDECOMP_CONFORMANCE_SAMPLES", "0")) or None
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16)
 FAST_SAMPLES = 2  # samples per (OpInfo, dtype) in the fast slice
 

@@ -48,7 +48,7 @@ def write_summary(results, directory: str, full: bool = True) -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": "make conformance" if full else "make test (the fast slice)",
-        "scope": "every sample at every dtype" if full else "the fast slice: every OpInfo at one or two dtypes, first samples",
+        "scope": _scope(full),
         "wall_s": round(time.time() - results.started),
         "samples": sum(totals.values()),
         "counts": {c: totals[c] for c in CLASSES},
@@ -71,6 +71,16 @@ def write_summary(results, directory: str, full: bool = True) -> None:
         json.dump({"meta": meta, "ops": ops}, f, indent=1, sort_keys=True)
     with open(os.path.join(directory, stem + ".md"), "w") as f:
         f.write(_markdown(meta, ops))
+
+
+def _scope(full: bool) -> str:
+    from .conftest import FAST_SAMPLES, MAX_SAMPLES
+
+    if not full:
+        return f"the fast slice: every OpInfo at one or two dtypes, its first {FAST_SAMPLES} samples"
+    if MAX_SAMPLES:
+        return f"every OpInfo at every supported dtype, its first {MAX_SAMPLES} samples"
+    return "every OpInfo at every supported dtype, every sample"
 
 
 def _markdown(meta, ops) -> str:

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from .conftest import FAST_SAMPLES, FULL, dtype_name, params
+from .conftest import FAST_SAMPLES, FULL, MAX_SAMPLES, dtype_name, params
 from .harness import run_sample
 from .xfail import explains, expected_for
 
@@ -23,7 +23,7 @@ FAILING = ("unsupported", "wrong", "error")
 def test_opinfo(opinfo, dtype, results):
     name, dname = opinfo.full_name, dtype_name(dtype)
     requires_grad = dtype == torch.float64 and opinfo.supports_autograd
-    limit = None if FULL else FAST_SAMPLES
+    limit = MAX_SAMPLES if FULL else FAST_SAMPLES
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), None if limit is None else limit + 1))
