@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from .coverage import NODE_KINDS, Graph
+from .coverage_graph import NODE_KINDS, Graph, _resolve
 from .opset import RUNTIME_EXTRAS, OpSet, PRESETS
 
 __all__ = ["render", "page_data", "GROUPS"]
@@ -53,7 +53,6 @@ GROUPS = [
 
 def page_data(graph: Graph, opset="core_aten") -> dict:
     """The JSON the page embeds: op names, both flavours' graphs by index, presets, groups."""
-    from .coverage import _resolve
 
     names = sorted(set(graph.flavours["aten"]) | set(graph.flavours["prims"]))
     index = {n: i for i, n in enumerate(names)}

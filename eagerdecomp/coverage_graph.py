@@ -1,0 +1,497 @@
+"""The one-level decomposition graph that :mod:`eagerdecomp.coverage` analyses.
+
+One graph per table flavour (aten-based tables for aten opsets, refs-based ones
+when the opset holds prims; see :func:`eagerdecomp.table.default_table`): for
+every op, the ops its decomposition calls *directly* when none of them is
+lowered further. It is found by lowering the op on concrete sample inputs
+(:mod:`eagerdecomp.coverage_inputs`) with the project's own
+:class:`~eagerdecomp.lower.Lowerer`, told that every op but this one is served:
+decompositions are bus stops, and these are the first stops. An op without a
+sample, or whose decomposition raised on every sample, is *undetermined*, with
+the reason: never guessed.
+
+Building takes minutes (every OpInfo sample runs, and meta kernels can crash the
+process on guessed arguments, so ops are analysed in forked workers of a fresh
+process); the graph is cached under ``~/.cache/eagerdecomp`` keyed by the torch
+version, the code that builds it and the decomposition tables.
+
+Example::
+
+    >>> from eagerdecomp.coverage_graph import load_graph
+    >>> graph = load_graph()                                   # doctest: +SKIP
+    >>> graph.nodes("aten")["aten.silu.default"]["children"]   # doctest: +SKIP
+    ['aten.mul.Tensor', 'aten.sigmoid.default']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import EagerDecompError
+from .opset import OpSet, _all_overloads
+
+__all__ = [
+    "Node",
+    "Graph",
+    "NODE_KINDS",
+    "one_level",
+    "build_graph",
+    "load_graph",
+    "save_graph",
+    "cache_path",
+    "verify",
+    "flavour_of",
+    "name",
+]
+
+# What the graph says about one op, independently of the opset.
+NODE_KINDS = ("decomposes", "no decomposition", "declined", "undetermined", "infrastructure")
+
+
+@dataclass
+class Node:
+    """One op's entry in the one-level graph of one flavour."""
+
+    kind: str
+    children: list = field(default_factory=list)  # direct children (names), when kind == "decomposes"
+    via: str = ""  # what decomposes it: a table entry's qualified name, a CompositeImplicitAutograd kernel...
+    reason: str = ""  # why it is not "decomposes"
+    samples: int = 0  # samples lowered successfully
+    notes: list = field(default_factory=list)  # samples that declined or failed, when others succeeded
+
+
+def name(op) -> str:
+    """``aten.add.Tensor``: the name form used in graphs, reports and the page."""
+    return str(op)
+
+
+def flavour_of(opset: OpSet) -> str:
+    """``"prims"`` when ``opset`` holds a prims op (tables then prefer ``torch._refs``), else ``"aten"``."""
+    return "prims" if any(op.namespace == "prims" for op in opset.ops) else "aten"
+
+
+def _tables() -> dict:
+    """The default table of each flavour, before any opset op is dropped from it."""
+    import torch._prims  # noqa: F401
+
+    from .table import default_table
+
+    # NOTE: default_table drops opset ops from the table; an empty aten opset and a one-op
+    # prims opset (no prims op is a table key) select a flavour and drop nothing.
+    return {"aten": default_table(OpSet([], name="aten")), "prims": default_table(OpSet(["prims::add"], name="prims"))}
+
+
+def universe() -> list:
+    import torch._prims  # noqa: F401
+
+    return _all_overloads("aten") + _all_overloads("prims")
+
+
+# -- one level of one op -------------------------------------------------------------------------
+
+class _AllBut:
+    """The opset seen while finding ``op``'s direct children: everything but ``op`` itself
+    (an op that re-enters itself with other arguments is lowered again, as the runtime would)."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __contains__(self, other) -> bool:
+        return other != self.op
+
+
+def _via(op, table) -> str:
+    from .lower import _IDENTITY, is_infrastructure
+
+    if is_infrastructure(op):
+        return "infrastructure"
+    if op in _IDENTITY:
+        return "returns its argument"
+    if torch.Tag.inplace_view in op.tags:
+        return "in-place view: functional view + as_strided_"
+    fn = table.get(op)
+    if fn is not None:
+        inner = getattr(fn, "func", fn)  # functools.partial (in-place/out= variants)
+        return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        return "CompositeImplicitAutograd kernel"
+    return ""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160] if text else ''}"
+
+
+def one_level(op, samples, table) -> tuple:
+    """``(Node, calls)``: ``op``'s direct children on ``samples``, and the calls it made of
+    them (``{child: [(args, kwargs)]}``, a few per child: samples for the children)."""
+    from torch.utils._pytree import tree_map
+
+    from .coverage_inputs import _signature, quiet, snapshot
+    from .lower import Lowerer, Stuck, is_infrastructure
+
+    via = _via(op, table)
+    if via == "infrastructure":
+        return Node("infrastructure", via=via), {}
+    if via == "returns its argument":
+        return Node("decomposes", via=via), {}
+    if not via:
+        return Node("no decomposition", reason="no table entry and no CompositeImplicitAutograd kernel"), {}
+    if not samples:
+        return Node("undetermined", via=via, reason="no sample input"), {}
+    children: set = set()
+    calls: dict = {}
+    ok, declined, failed = 0, [], []
+    for s in samples:
+        seen: set = set()
+
+        def emit(func, args, kwargs, seen=seen):
+            if not is_infrastructure(func):
+                seen.add(func)
+                made = calls.setdefault(func, {})
+                if len(made) < CALLS_PER_CHILD:
+                    try:
+                        made.setdefault(_signature(args, kwargs), tree_map(snapshot, (tuple(args), dict(kwargs))))
+                    except Exception:  # noqa: BLE001 - an unusable layout: no sample, no harm
+                        pass
+            return func(*args, **kwargs)
+
+        try:
+            args, kwargs = tree_map(snapshot, (s.args, s.kwargs))
+            with quiet(), torch.random.fork_rng():
+                Lowerer(_AllBut(op), table, emit).lower(op, args, kwargs)
+        except Stuck as e:
+            declined.append(e.reason)
+            continue
+        except RecursionError:
+            declined.append("decomposition recursed past Python's limit")
+            continue
+        except Exception as e:  # noqa: BLE001 - reported, with the error, never guessed around
+            failed.append(f"{s.source} sample: {_first_line(e)}")
+            continue
+        ok += 1
+        children |= seen
+    if ok:
+        notes = [f"declined a sample: {r}" for r in dict.fromkeys(declined)] + failed[:2]
+        node = Node("decomposes", sorted(map(name, children)), via, samples=ok, notes=notes)
+    elif declined:
+        node = Node("declined", via=via, reason=declined[0])
+    else:
+        node = Node("undetermined", via=via, reason="its decomposition raised on every sample input: " + failed[0])
+    return node, {func: list(made.values()) for func, made in calls.items()}
+
+
+# calls kept per child and analysis, and rounds of analysing ops again on calls their callers made
+CALLS_PER_CHILD = 2
+MAX_ROUNDS = 6
+
+
+# -- crash-guarded workers ------------------------------------------------------------------------
+
+def _guarded_map(fn, items: list, workers: int, progress=None) -> dict:
+    """``{item: fn(item)}``, computed in forked workers; an item whose call kills its worker
+    maps to ``None`` and the rest of that worker's share goes on in a fresh fork."""
+    results: dict = {}
+    pending = list(items)
+    total = len(items)
+    while pending:
+        shares = [pending[i::workers] for i in range(workers)]
+        running = []
+        for share in filter(None, shares):
+            fd, path = tempfile.mkstemp(prefix="eagerdecomp-cov-")
+            os.close(fd)
+            pid = os.fork()
+            if pid == 0:  # the worker: one record before and one after each item
+                code = 0
+                try:
+                    with open(path, "ab", buffering=0) as out:
+                        for i, item in enumerate(share):
+                            out.write(pickle.dumps(("start", i)))
+                            try:
+                                result = fn(item)
+                            except Exception as e:  # noqa: BLE001
+                                result = e
+                            out.write(pickle.dumps(("done", i, result)))
+                except BaseException:  # noqa: BLE001
+                    code = 1
+                finally:
+                    os._exit(code)
+            running.append((pid, path, share))
+        pending = []
+        for pid, path, share in running:
+            os.waitpid(pid, 0)
+            started, done = -1, set()
+            with open(path, "rb") as f:
+                while True:
+                    try:
+                        record = pickle.load(f)
+                    except EOFError:
+                        break
+                    except Exception:  # noqa: BLE001 - a record cut short by the crash
+                        break
+                    if record[0] == "start":
+                        started = record[1]
+                    else:
+                        done.add(record[1])
+                        results[share[record[1]]] = record[2]
+            os.unlink(path)
+            if started >= 0 and started not in done:
+                results[share[started]] = None  # it took the worker down
+            pending += [item for i, item in enumerate(share) if i > started and i not in done]
+            if progress:
+                progress(f"analysed {len(results)}/{total} ops")
+    return results
+
+
+# -- building the graph (in a fresh process: see _serve) -------------------------------------------
+
+def _analyse_op(op, pool, tables) -> tuple:
+    from .coverage_inputs import samples_for
+
+    needs_samples = any(_via(op, t) not in ("", "infrastructure", "returns its argument") for t in tables.values())
+    samples, why_none = samples_for(op, pool) if needs_samples else ([], None)
+    nodes, calls = {}, {}
+    for flavour, table in tables.items():
+        node, found = one_level(op, samples, table)
+        if node.kind == "undetermined" and not samples and why_none:
+            node.reason = f"no sample input: {why_none}"
+        nodes[flavour] = asdict(node)
+        for child, made in found.items():
+            calls.setdefault(name(child), []).extend(made)
+    return nodes, calls
+
+
+def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
+    from .coverage_inputs import Pool
+
+    torch.set_num_threads(1)  # forked workers must not inherit an OpenMP pool
+    tables = _tables()
+    t0 = time.perf_counter()
+    pool = Pool.from_opinfo(ops, names=opinfo_names)
+    progress(f"ran OpInfo samples: {len(pool.by_op)} ops called ({time.perf_counter() - t0:.0f} s)")
+    graph = {flavour: {} for flavour in tables}
+    todo = list(ops)
+    for _ in range(MAX_ROUNDS):
+        results = _guarded_map(lambda op: _analyse_op(op, pool, tables), todo, workers, progress)
+        fresh: dict = {}
+        for op, result in results.items():
+            if result is None or isinstance(result, Exception):
+                why = "the op's kernel crashed the process on a sample input" if result is None else _first_line(result)
+                for flavour in graph:
+                    graph[flavour][name(op)] = asdict(Node("undetermined", via=_via(op, tables[flavour]), reason=why))
+                continue
+            nodes, calls = result
+            for flavour, node in nodes.items():
+                graph[flavour][name(op)] = node
+            # NOTE: a decomposition can call a child with arguments the child's own samples
+            # never had (a broadcast, a dtype) and so take another branch in the child's
+            # decomposition: the calls callers really made become samples of the child, and
+            # ops that got new ones are analysed again, until none does.
+            for child_name, made in calls.items():
+                child = _resolve(child_name)
+                for args, kwargs in made if child is not None else ():
+                    if pool.add_recorded(child, args, kwargs):
+                        fresh[child_name] = child
+        todo = list(fresh.values())
+        if not todo:
+            break
+        progress(f"{len(todo)} ops again, on calls their callers made")
+    else:
+        progress(f"stopped after {MAX_ROUNDS} rounds; {len(todo)} ops had calls from callers not analysed")
+    return graph
+
+
+def _resolve(op_name: str):
+    from .opset import _op_from_name
+
+    return _op_from_name(op_name)
+
+
+def _serve() -> None:
+    """Entry point of the building process: job JSON in argv[1], graph JSON to argv[2]."""
+    job = json.loads(sys.argv[1])
+    # NOTE: thousands of ops on odd inputs print C++ deprecation warnings straight to fd 2;
+    # progress goes to a copy of it, the rest to /dev/null
+    err = os.fdopen(os.dup(2), "w")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+
+    def progress(msg):
+        print(f"[eagerdecomp coverage] {msg}", file=err, flush=True)
+
+    if job.get("ops") is None:
+        ops = universe()
+    else:
+        ops = [o for n in job["ops"] for o in _resolve_all(n)]
+    if job["kind"] == "graph":
+        out = _build(ops, job.get("opinfo_names"), job.get("workers", 2), progress)
+    else:
+        out = _verify(ops, job["opsets"], job.get("opinfo_names"), job.get("workers", 2), progress)
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)
+
+
+def _resolve_all(op_name):
+    from .opset import resolve_op
+
+    return resolve_op(op_name)
+
+
+def _run_job(job: dict, quiet: bool = False) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        proc = subprocess.run(
+            [sys.executable, "-c", "from eagerdecomp.coverage_graph import _serve; _serve()", json.dumps(job), out],
+            env=env,
+            stderr=subprocess.PIPE if quiet else None,
+            text=True,
+        )
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr or "")[-2000:] if quiet else "(see the output above)"
+            raise EagerDecompError(f"building the coverage graph failed (exit code {proc.returncode}): {tail}")
+        with open(out) as f:
+            return json.load(f)
+
+
+# the modules whose code decides the graph: a change to any of them rebuilds it
+_GRAPH_SOURCES = ("coverage_graph.py", "coverage_inputs.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
+
+
+def _fingerprint(tables: dict) -> str:
+    h = hashlib.sha256(torch.__version__.encode())
+    here = Path(__file__).parent
+    for path in _GRAPH_SOURCES:
+        h.update(path.encode() + (here / path).read_bytes())
+    for flavour, table in sorted(tables.items()):
+        h.update(flavour.encode())
+        for op in sorted(table, key=str):
+            h.update(f"{op}={_via(op, table)}".encode())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EAGERDECOMP_CACHE_DIR") or Path.home() / ".cache" / "eagerdecomp")
+
+
+def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = False) -> "Graph":
+    """Build the one-level graph (minutes for every op; ``ops``/``opinfo_names`` narrow it).
+
+    Ops met as children of ``ops`` are analysed too, so the graph is closed.
+    """
+    job = {"kind": "graph", "ops": None if ops is None else [name(o) if not isinstance(o, str) else o for o in ops],
+           "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
+    t0 = time.perf_counter()
+    flavours = _run_job(job, quiet)
+    return Graph(flavours, build_seconds=time.perf_counter() - t0)
+
+
+def load_graph(rebuild: bool = False, quiet: bool = False) -> "Graph":
+    """The full graph, from the disk cache or built (and cached) when missing or stale."""
+    path = cache_path()
+    if path.exists() and not rebuild:
+        with open(path) as f:
+            data = json.load(f)
+        return Graph(data["flavours"], build_seconds=data.get("build_seconds"), path=str(path))
+    graph = build_graph(quiet=quiet)
+    save_graph(graph, path)
+    for stale in path.parent.glob(f"coverage-torch{torch.__version__}-*.json"):
+        if stale != path:  # built for older sources of eagerdecomp
+            stale.unlink(missing_ok=True)
+    return graph
+
+
+def cache_path() -> Path:
+    """Where :func:`load_graph` keeps the graph for this torch and these sources."""
+    return cache_dir() / f"coverage-torch{torch.__version__}-{_fingerprint(_tables())}.json"
+
+
+def save_graph(graph: "Graph", path=None) -> None:
+    """Write ``graph`` where :func:`load_graph` finds it (or to ``path``)."""
+    path = Path(path or cache_path())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"flavours": graph.flavours, "build_seconds": graph.build_seconds}, f)
+    os.replace(tmp, path)
+    graph.path = str(path)
+
+
+class Graph:
+    """``flavours[flavour][op name] -> Node dict``: the one-level graphs."""
+
+    def __init__(self, flavours: dict, build_seconds=None, path=None):
+        self.flavours = flavours
+        self.build_seconds = build_seconds
+        self.path = path
+
+    def nodes(self, flavour: str) -> dict:
+        return self.flavours[flavour]
+
+    def aten_ops(self) -> list:
+        return sorted(n for n in self.flavours["aten"] if n.startswith("aten."))
+
+
+# -- checking the graph against real lowering ------------------------------------------------------
+
+def _verify_op(op, pool, opset, table) -> dict:
+    from torch.utils._pytree import tree_map
+
+    from .coverage_inputs import quiet, samples_for, snapshot
+    from .lower import Lowerer, Stuck, is_infrastructure
+
+    samples, _ = samples_for(op, pool)
+    leaves, ok, stuck, failed = set(), 0, [], []
+    for s in samples:
+        def emit(func, args, kwargs):
+            if not is_infrastructure(func):
+                leaves.add(name(func))
+            return func(*args, **kwargs)
+
+        try:
+            args, kwargs = tree_map(snapshot, (s.args, s.kwargs))
+            with quiet(), torch.random.fork_rng():
+                Lowerer(opset, table, emit).lower(op, args, kwargs) if op not in opset else emit(op, args, kwargs)
+            ok += 1
+        except Stuck as e:
+            stuck.append(" -> ".join(map(name, e.chain)) + ": " + e.reason)
+        except Exception as e:  # noqa: BLE001
+            failed.append(_first_line(e))
+    return {"samples": len(samples), "ok": ok, "stuck": stuck, "failed": failed, "leaves": sorted(leaves)}
+
+
+def _verify(ops, opsets, opinfo_names, workers, progress) -> list:
+    from .coverage_inputs import Pool
+    from .table import default_table
+
+    torch.set_num_threads(1)
+    pool = Pool.from_opinfo(ops, names=opinfo_names)
+    out = []
+    for spec in opsets:
+        opset = OpSet.coerce(spec)
+        table = default_table(opset)
+        results = _guarded_map(lambda op: _verify_op(op, pool, opset, table), ops, workers, progress)
+        out.append({name(op): (r if isinstance(r, dict) else None) for op, r in results.items()})
+    return out
+
+
+def verify(opsets, ops, opinfo_names=None, workers: int = 2, quiet: bool = True) -> list:
+    """Lower ``ops`` on their own samples for real under each opset of ``opsets`` (preset names,
+    OpSets or lists of ops): the check of :func:`analyse`. One dict per opset,
+    ``{op: {"samples", "ok", "stuck", "failed", "leaves"}}`` (None where lowering crashed)."""
+    specs = [o if isinstance(o, str) else [n if isinstance(n, str) else name(n) for n in OpSet.coerce(o).ops] for o in opsets]
+    job = {"kind": "verify", "opsets": specs, "ops": [o if isinstance(o, str) else name(o) for o in ops],
+           "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
+    return _run_job(job, quiet)
