@@ -66,7 +66,10 @@ def _scaled(draw, self, scale, shift):
     """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it."""
     acc = torch.float32 if self.dtype in _REDUCED else self.dtype
     out = _draw(draw, self, acc)
-    out = aten.add.Tensor(aten.mul.Tensor(out, scale), shift) if (scale, shift) != (1, 0) else out
+    if scale != 1:
+        out = aten.mul.Tensor(out, scale)
+    if shift != 0:
+        out = aten.add.Tensor(out, shift)
     return out if acc == self.dtype else aten._to_copy.default(out, dtype=self.dtype)
 
 
@@ -104,9 +107,9 @@ def normal_float_tensor(mean, std, *, generator=None):
 def normal_tensor_tensor(mean, std, *, generator=None):
     if _declines(generator):
         return NotImplemented
-    shape = torch.broadcast_shapes(mean.shape, std.shape)
-    like = aten.expand.default(mean, shape) if mean.shape == shape else aten.expand.default(std, shape)
-    noise = _draw(aten.randn.default, aten.clone.default(like), torch.result_type(mean, std))
+    # eager resizes a fresh contiguous output to the broadcast shape, then fills it
+    shape = list(torch.broadcast_shapes(mean.shape, std.shape))
+    noise = aten.randn.default(shape, dtype=torch.result_type(mean, std), device=mean.device)
     return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
 
 
@@ -194,8 +197,8 @@ def bernoulli_p(self, p=0.5, *, generator=None):
     # distribution, another stream.
     if generator is not None:
         return NotImplemented
-    acc = self.dtype if self.dtype.is_floating_point else torch.float32
-    u = _draw(aten.rand.default, self, acc if acc not in _REDUCED else torch.float32)
+    acc = self.dtype if self.dtype in (torch.float32, torch.float64) else torch.float32
+    u = _draw(aten.rand.default, self, acc)
     return aten._to_copy.default(aten.lt.Scalar(u, p), dtype=self.dtype)
 
 
