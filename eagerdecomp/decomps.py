@@ -252,3 +252,86 @@ def put(self, index, source, accumulate=False):
     flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
     out = aten.index_put.default(flat, [aten.view.default(index, [-1])], aten.view.default(source, [-1]), accumulate)
     return aten.view.default(out, list(self.shape))
+
+
+def _runs(values, return_inverse, return_counts, order=None):
+    """Unique runs of a 1-D ``values``: ``(firsts, inverse, counts)`` as unique's kernels return them.
+
+    ``order`` maps positions of ``values`` back to the input's (a sort's indices), if any.
+    """
+    n = values.shape[0]
+    empty = aten.full.default([0], 0, dtype=torch.int64, device=values.device)
+    if n == 0:
+        return values, empty, empty
+    starts = aten.ne.Tensor(aten.slice.Tensor(values, 0, 1), aten.slice.Tensor(values, 0, 0, -1))
+    starts = aten.cat.default([aten.full.default([1], True, dtype=torch.bool, device=values.device), starts])
+    firsts = aten.index.Tensor(values, [starts])
+    group = aten.sub.Tensor(aten.cumsum.default(starts, 0, dtype=torch.int64), 1)
+    inverse, counts = empty, empty
+    if return_inverse:
+        inverse = group if order is None else aten.index_put.default(aten.full_like.default(group, 0), [order], group)
+    if return_counts:
+        zeros = aten.full.default([firsts.shape[0]], 0, dtype=torch.int64, device=values.device)
+        counts = aten.index_put.default(zeros, [group], aten.full_like.default(group, 1), True)
+    return firsts, inverse, counts
+
+
+# NOTE: no decomposition in PyTorch for torch.unique's kernels. Sorting (core) and
+# comparing neighbours gives eager's answer exactly: NaNs sort last and, never equal
+# to each other, each stays its own value, as in the CPU kernel. With sorted=False the
+# order is unspecified; the CPU kernel returns sorted values then too, and so does this.
+@project_decomposition(aten._unique2.default)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    values, order = aten.sort.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]))
+    firsts, inverse, counts = _runs(values, return_inverse, return_counts, order)
+    if return_inverse:
+        inverse = aten.view.default(inverse, list(self.shape))
+    return firsts, inverse, counts
+
+
+@project_decomposition(aten.unique_consecutive.default)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        return NotImplemented
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    firsts, inverse, counts = _runs(flat, return_inverse, return_counts)
+    if return_inverse:
+        inverse = aten.view.default(inverse, list(self.shape))
+    return firsts, inverse, counts
+
+
+# NOTE: no decomposition in PyTorch for the full reductions. The lower median of the
+# sorted values; median propagates NaN, nanmedian skips NaNs (all-NaN gives NaN).
+def _lower_median(self, skip_nan: bool):
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    n = flat.shape[0]
+    if n == 0:
+        return aten.full.default([], float("nan"), dtype=self.dtype, device=self.device)
+    values = aten.sort.default(flat)[0]  # NaNs last
+    if not self.dtype.is_floating_point:
+        return aten.select.int(values, 0, (n - 1) // 2)
+    nans = aten.sum.default(aten.isnan.default(flat), dtype=torch.int64)
+    if skip_nan:
+        count = aten.sub.Tensor(aten.scalar_tensor.default(n, dtype=torch.int64, device=self.device), nans)
+        at = aten.clamp.default(aten.floor_divide.default(aten.sub.Tensor(count, 1), 2), 0)
+        pick = aten.squeeze.dim(aten.gather.default(values, 0, aten.unsqueeze.default(at, 0)), 0)
+        return pick  # with every value NaN, at is 0 and values[0] is NaN
+    pick = aten.select.int(values, 0, (n - 1) // 2)
+    nan = aten.scalar_tensor.default(float("nan"), dtype=self.dtype, device=self.device)
+    return aten.where.self(aten.gt.Scalar(nans, 0), nan, pick)
+
+
+@project_decomposition(aten.median.default)
+def median(self):
+    return _lower_median(self, skip_nan=False)
+
+
+@project_decomposition(aten.nanmedian.default)
+def nanmedian(self):
+    return _lower_median(self, skip_nan=True)
+
+
+@project_decomposition(aten._unique.default)
+def unique(self, sorted=True, return_inverse=False):
+    firsts, inverse, _ = unique2(self, sorted, return_inverse, False)
+    return firsts, inverse
