@@ -6,6 +6,8 @@ precedence over ``torch._decomp``'s tables (user registrations win over them).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import torch
@@ -335,3 +337,53 @@ def nanmedian(self):
 def unique(self, sorted=True, return_inverse=False):
     firsts, inverse, _ = unique2(self, sorted, return_inverse, False)
     return firsts, inverse
+
+
+# NOTE: PyTorch decomposes the linear upsampling forwards but not their backwards, which
+# every segmentation or U-Net training step meets. The backward of a linear map is its
+# transpose: each output gradient goes back to the 2**d input corners it was blended
+# from, weighted as in the forward, accumulated with index_put (core). Sums run in the
+# opmath dtype, so results are exact to rounding, not bitwise.
+def _linear_source(in_size, out_size, align_corners, scale, dtype, device):
+    if align_corners:
+        step = (in_size - 1.0) / (out_size - 1.0) if out_size > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    dst = aten._to_copy.default(aten.arange.start_step(0, out_size, 1, device=device), dtype=dtype)
+    src = aten.mul.Tensor(dst, step) if align_corners else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    src = aten.clamp.default(src, 0.0)
+    lo = aten._to_copy.default(src, dtype=torch.int64)
+    hi = aten.clamp.default(aten.add.Tensor(lo, 1), None, in_size - 1)
+    frac = aten.clamp.default(aten.sub.Tensor(src, lo), 0.0, 1.0)
+    return (lo, aten.rsub.Scalar(frac, 1.0)), (hi, frac)
+
+
+def _upsample_linear_backward(grad_output, output_size, input_size, align_corners, scales):
+    acc = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+    grad = aten._to_copy.default(grad_output, dtype=acc)
+    d = len(output_size)
+    corners = []
+    for k, (i, o, s) in enumerate(zip(input_size[2:], output_size, scales)):
+        shape = [o] + [1] * (d - 1 - k)  # broadcast along this spatial dim only
+        corners.append([(aten.view.default(ix, shape), aten.view.default(w, shape))
+                        for ix, w in _linear_source(i, o, align_corners, s, acc, grad.device)])
+    out = aten.full.default(list(input_size), 0, dtype=acc, device=grad.device)
+    for pick in itertools.product(*corners):
+        weight = functools.reduce(aten.mul.Tensor, [w for _, w in pick])
+        out = aten.index_put.default(out, [None, None, *[ix for ix, _ in pick]], aten.mul.Tensor(grad, weight), True)
+    return aten._to_copy.default(out, dtype=grad_output.dtype)
+
+
+@project_decomposition(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales])
+
+
+@project_decomposition(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_h, scales_w])
+
+
+@project_decomposition(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_d, scales_h, scales_w])

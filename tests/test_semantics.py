@@ -287,3 +287,22 @@ def test_data_dependent_ops_through_the_bypass(name):
             assert_same(got, want)
         else:
             assert type(got) is type(want) and got == want
+
+
+# -- backward ops PyTorch leaves without a decomposition -----------------------------------
+
+
+@pytest.mark.parametrize("mode,dims", [("linear", 1), ("bilinear", 2), ("trilinear", 3)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_linear_upsampling_backward_matches_eager(mode, dims, align_corners):
+    x = torch.randn(2, 3, *([5] * dims), dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+
+    def grad_of(inp):
+        y = F.interpolate(inp, scale_factor=1.7, mode=mode, align_corners=align_corners)
+        return torch.autograd.grad(y, inp, torch.ones_like(y).cumsum(-1))[0]
+
+    want = grad_of(x)
+    got, mode_ = under_mode(grad_of, x2)
+    assert_same(got, want)
+    assert mode_.report().row(f"aten.upsample_{mode}{dims}d_backward.default").route == "decomposed"
