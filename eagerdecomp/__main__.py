@@ -119,8 +119,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .errors import EagerDecompError
+
     args = _parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (EagerDecompError, OSError) as e:  # a bad op name or file: say so, no traceback
+        print(f"eagerdecomp: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -173,6 +173,9 @@ def test_cli_report_formats(cached, tmp_path, capsys):
     assert main(["report", "--opset-file", str(ops), "--format", "json", "-o", str(tmp_path / "s.json")]) == 0
     small = json.loads((tmp_path / "s.json").read_text())
     assert small["counts"] == cov.analyse(cached, ed.OpSet(SMALL)).counts()
+    (tmp_path / "bad.txt").write_text("aten::mull.Tensor\n")
+    assert main(["report", "--opset-file", str(tmp_path / "bad.txt")]) == 2
+    assert "did you mean aten::mul.Tensor" in capsys.readouterr().err
     assert main(["report", "--format", "html", "-o", str(tmp_path / "c.html")]) == 0
     html = (tmp_path / "c.html").read_text()
     assert "<script" in html and "http://" not in html.split("<script id=\"data\"")[0] and "aten.silu.default" in html
