@@ -7,6 +7,7 @@ Examples::
     python -m eagerdecomp report --opset-file ops.txt --format json -o coverage.json
     python -m eagerdecomp report --format html -o coverage.html   # the interactive page
     python -m eagerdecomp report --op gelu                    # the ops whose name contains "gelu"
+    python -m eagerdecomp report --verify                     # check the verdicts against real lowering
     python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
 """
 
@@ -47,6 +48,8 @@ def _report(args) -> int:
         _write(render(graph, opset), args.output or "coverage.html")
         return 0
     cov = coverage.analyse(graph, opset)
+    if args.verify:
+        return _verify(cov, graph, opset, args)
     if args.format == "json":
         data = cov.to_dict(args.top)
         if args.op:
@@ -61,6 +64,20 @@ def _report(args) -> int:
     else:
         text = cov.table(args.top)
     _write(text, args.output)
+    return 0
+
+
+def _verify(cov, graph, opset, args) -> int:
+    from . import coverage
+
+    ops = [r.op for r in cov.rows.values() if not args.op or args.op in r.op]
+    print(f"lowering {len(ops)} ops on their samples under {opset.name or 'the opset'} ...", file=sys.stderr)
+    real = coverage.verify([opset], ops, quiet=False)[0]
+    counts, mismatches = coverage.check(cov, real)
+    lines = [f"{cov.summary()}", "graph verdict against real lowering (eagerdecomp.lower.Lowerer, same samples):"]
+    lines += [f"  {n:6} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    lines += ["", f"mismatches ({len(mismatches)}):"] + [f"  {op}: {what}: {detail}" for op, what, detail in mismatches]
+    _write("\n".join(lines), args.output)
     return 0
 
 
@@ -107,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--summary", action="store_true", help="counts and 'implement next' only")
     rep.add_argument("--op", metavar="TEXT", help="only the ops whose name contains TEXT, in detail")
     rep.add_argument("--rebuild", action="store_true", help="rebuild the decomposition graph (else cached)")
+    rep.add_argument("--verify", action="store_true",
+                     help="check the graph's verdicts by lowering each op for real under the opset (minutes)")
     rep.set_defaults(run=_report)
 
     prof = sub.add_parser("profile", help="run a script under the mode and report what it hit")

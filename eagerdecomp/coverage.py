@@ -32,6 +32,7 @@ __all__ = [
     "Row",
     "Coverage",
     "analyse",
+    "check",
     "STATUSES",
     # the graph, from coverage_graph
     "Graph",
@@ -254,3 +255,40 @@ class Coverage:
 def analyse(graph: Graph, opset) -> Coverage:
     """Verdicts for every aten overload under ``opset`` (a preset name, an OpSet or ops)."""
     return Coverage(graph, OpSet.coerce(opset))
+
+
+def check(report: Coverage, real: dict) -> tuple:
+    """Compare ``report`` with :func:`verify`'s result for the same opset: ``(counts, mismatches)``.
+
+    Per op with a verdict and samples: "reaches" must lower on every sample (unless a
+    caveat says some inputs fail) landing only on predicted leaves; "no path" must get
+    stuck on some sample. A mismatch is ``(op, what, detail)``.
+    """
+    from collections import Counter
+
+    counts, mismatches = Counter(), []
+    for op, got in sorted(real.items()):
+        row = report.rows.get(op)
+        if row is None:
+            continue
+        if got is None:
+            counts["lowering crashed"] += 1
+        elif row.status == "undetermined" or not got["samples"]:
+            counts["not compared (undetermined, or no sample)"] += 1
+        elif row.status in ("reaches", "in opset"):
+            if got["ok"] < got["samples"]:
+                key = "reaches, some inputs fail (flagged)" if row.caveats else "MISMATCH: reaches, but lowering failed"
+                counts[key] += 1
+                if not row.caveats:
+                    mismatches.append((op, "lowering failed", (got["stuck"] or got["failed"])[:1]))
+            elif not set(got["leaves"]) <= set(row.leaves):
+                counts["reaches, agrees; lowering ran leaves not predicted"] += 1
+                mismatches.append((op, "leaves not predicted", sorted(set(got["leaves"]) - set(row.leaves))))
+            else:
+                counts["reaches, agrees"] += 1
+        elif got["ok"] < got["samples"]:
+            counts["no path, agrees" if got["stuck"] else "no path; lowering raised another error"] += 1
+        else:
+            counts["MISMATCH: no path, but lowering succeeded on every sample"] += 1
+            mismatches.append((op, "lowering succeeded", row.chain))
+    return dict(counts), mismatches

@@ -69,6 +69,9 @@ def test_graph_answer_agrees_with_real_lowering(graph, subset):
                     kind = report.nodes[blocker]["kind"]
                     assert kind in ("no decomposition", "declined") or reason == "decomposition cycle", (label, op, blocker, kind)
         assert checked >= len(subset) // 2, (label, checked)
+        # coverage.check (behind `report --verify`) reads the same comparison the same way
+        counts, mismatches = cov.check(report, real[label])
+        assert sum(counts.values()) == len(subset) and mismatches == [], (label, counts, mismatches)
 
 
 def test_reaches_names_depth_and_leaves(graph):
