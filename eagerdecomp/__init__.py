@@ -20,6 +20,7 @@ from . import errors
 from .errors import *  # noqa: F401,F403  (the error classes; listed in errors.__all__)
 from .mode import EagerDecompMode
 from .opset import PRESETS, OpSet
+from .profile import profile
 from .table import register_decomposition
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "enable",
     "disable",
     "backend",
+    "profile",
     *errors.__all__,
 ]
 
