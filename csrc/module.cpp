@@ -5,6 +5,11 @@
 
 #include "refdev.h"
 
+namespace eagerdecomp::key {  // csrc/key.cpp
+void init_key(pybind11::handle bypass, pybind11::tuple extra_plain_types);
+pybind11::object make_key(pybind11::handle func, pybind11::handle args, pybind11::handle kwargs);
+}  // namespace eagerdecomp::key
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "eagerdecomp C++ library: the strict reference device (edref)";
   m.attr("BUILT_WITH_TORCH") = TORCH_VERSION;
@@ -13,4 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("op_log", &rd::op_log, "Ops that ran on edref since the last clear, with counts");
   m.def("op_log_clear", &rd::op_log_clear);
   m.def("set_logging", &rd::set_logging);
+  m.def("_init_key", &eagerdecomp::key::init_key, "Bypass class and extra plain types for make_key (key.py calls it)");
+  m.def("make_key", &eagerdecomp::key::make_key, "(parts, tensors) of a call: eagerdecomp/key.py's make_key_py in C++");
 }
