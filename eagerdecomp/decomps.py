@@ -387,3 +387,10 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
 @project_decomposition(aten.upsample_trilinear3d_backward.default)
 def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
     return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_d, scales_h, scales_w])
+
+
+# NOTE: clip_grad_norm_ calls this with foreach on CUDA and PrivateUse1 devices; no
+# per-tensor overload of norm has its signature, so it is mapped by hand.
+@project_decomposition(aten._foreach_norm.Scalar)
+def foreach_norm(self, ord=2, dtype=None):
+    return [aten.linalg_vector_norm.default(t, ord, dtype=dtype) for t in self]

@@ -25,7 +25,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 from .errors import EagerDecompError
 from .opset import OpSet, resolve_op
-from .variants import variant_table
+from .variants import foreach_table, variant_table
 
 __all__ = ["register_decomposition", "default_table", "user_table"]
 
@@ -137,6 +137,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
     table: Table = {} if prefers_aten else _refs_by_name()
     table.update(d.decomposition_table)
+    table.update(foreach_table(_all_aten_overloads()))
     if prefers_aten:
         # NOTE: refs express in-place/out= ops and many others with prims, which run in
         # Python in eager; aten-based rules win, and prims left over lower through impl_aten.

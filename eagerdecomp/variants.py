@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-__all__ = ["functional_variant", "variant_table", "ResizeOutputWarning", "with_defaults"]
+__all__ = ["functional_variant", "variant_table", "foreach_table", "ResizeOutputWarning", "with_defaults"]
 
 
 class ResizeOutputWarning(UserWarning):
@@ -76,12 +76,20 @@ def _check_cast(op, result, dest) -> None:
 def _inplace(op, functional, self, *args, **kwargs):
     args, kwargs = with_defaults(op, (self, *args), kwargs)
     result = functional(*args, **kwargs)
-    _check_cast(op, result, self)
-    if result.shape != self.shape:
+    if isinstance(self, list):  # _foreach_add_ and friends: one write per tensor, returns ()
+        for dest, res in zip(self, result):
+            _write(op, dest, res)
+        return None
+    return _write(op, self, result)
+
+
+def _write(op, dest, result):
+    _check_cast(op, result, dest)
+    if result.shape != dest.shape:
         raise RuntimeError(
-            f"{op}: output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}"
+            f"{op}: output with shape {list(dest.shape)} doesn't match the broadcast shape {list(result.shape)}"
         )
-    return self.copy_(result)
+    return dest.copy_(result)
 
 
 def _resize_out(out, shape) -> None:
@@ -114,6 +122,67 @@ def _out(op, functional, *args, **kwargs):
     if not op._schema.returns:
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_LISTS = {"List[Tensor]": "Tensor", "List[number]": "number"}
+
+
+def _per_tensor(op):
+    """``_foreach_add.List -> (add.Tensor, positions of the list arguments)``, or None.
+
+    The per-tensor overload takes one element where the foreach op takes a list
+    (``Tensor[]`` or ``Scalar[]``), and everything else alike.
+    """
+    args = op._schema.arguments
+    lists = tuple(i for i, a in enumerate(args) if str(a.type) in _LISTS)
+    if not lists or any(args[i].kwarg_only for i in lists):
+        return None
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1].removeprefix("_foreach_"), None)
+    want = [_LISTS.get(str(a.type), str(a.type)) for a in args]
+    fits = []
+    for name in packet.overloads() if packet is not None else ():
+        cand = getattr(packet, name)
+        cargs = cand._schema.arguments
+        # the per-tensor op may take trailing defaulted extras (add.Scalar's alpha)
+        if torch.Tag.out not in cand.tags and [str(a.type) for a in cargs[: len(want)]] == want:
+            if all(a.has_default_value() for a in cargs[len(want) :]):
+                fits.append((len(cargs), cand))
+    return (min(fits, key=lambda f: f[0])[1], lists) if fits else None
+
+
+def _foreach(op, per_tensor, lists, *args, **kwargs):
+    args, kwargs = with_defaults(op, args, kwargs)
+    # an argument positional here may be keyword-only there (addcdiv's value)
+    keyword = [a.name if a.kwarg_only else None for a in per_tensor._schema.arguments]
+    out = []
+    for i in range(len(args[lists[0]])):
+        pos, kw = [], dict(kwargs)
+        for j, a in enumerate(args):
+            v = a[i] if j in lists else a
+            if keyword[j] is None:
+                pos.append(v)
+            else:
+                kw[keyword[j]] = v
+        out.append(per_tensor(*pos, **kw))
+    return out
+
+
+def foreach_table(ops) -> dict:
+    """``{op: fn}`` for every functional ``_foreach_*`` overload in ``ops``: the per-tensor op, mapped.
+
+    NOTE: PyTorch has no decomposition for them (their CPU kernels are a C++ loop), and
+    optimizers pick them by default on CUDA and PrivateUse1 devices. Their in-place
+    forms come from :func:`variant_table`, writing each result back.
+    """
+    table = {}
+    for op in ops:
+        name = op._schema.name.split("::")[-1]
+        if not name.startswith("_foreach_") or name.endswith("_") or torch.Tag.out in op.tags:
+            continue
+        found = _per_tensor(op)
+        if found is not None:
+            table[op] = functools.partial(_foreach, op, *found)
+    return table
 
 
 def variant_table(ops) -> dict:

@@ -306,3 +306,37 @@ def test_linear_upsampling_backward_matches_eager(mode, dims, align_corners):
     got, mode_ = under_mode(grad_of, x2)
     assert_same(got, want)
     assert mode_.report().row(f"aten.upsample_{mode}{dims}d_backward.default").route == "decomposed"
+
+
+# -- foreach ops (what optimizers and clip_grad_norm_ call on CUDA and PrivateUse1) ---------
+
+_B = [torch.randn(3), torch.randn(4, 2)]
+FOREACH = {
+    "add_.List alpha": lambda x: torch._foreach_add_(x, _B, alpha=0.5),
+    "add_.Scalar": lambda x: torch._foreach_add_(x, 0.25),
+    "mul.ScalarList": lambda x: torch._foreach_mul(x, [2.0, 3.0]),
+    "addcdiv_.Scalar": lambda x: torch._foreach_addcdiv_(x, _B, [b.abs() + 1 for b in _B], 0.1),
+    "addcmul.ScalarList": lambda x: torch._foreach_addcmul(x, _B, _B, [0.1, 0.2]),
+    "lerp_.Scalar": lambda x: torch._foreach_lerp_(x, _B, 0.3),
+    "sqrt": lambda x: torch._foreach_sqrt([t.abs() for t in x]),
+    "maximum_.List": lambda x: torch._foreach_maximum_(x, _B),
+    "norm": lambda x: torch._foreach_norm(x),
+    "norm inf": lambda x: torch._foreach_norm(x, float("inf")),
+    "zero_": lambda x: torch._foreach_zero_(x),
+    "copy_": lambda x: torch._foreach_copy_(x, _B),
+    "pow.ScalarAndTensor": lambda x: torch._foreach_pow(2.0, x),
+    "div_.Tensor": lambda x: torch._foreach_div_(x, torch.tensor(3.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOREACH))
+def test_foreach_ops_map_the_per_tensor_op(name):
+    base = [torch.randn(3), torch.randn(4, 2)]
+    want_x = [t.clone() for t in base]
+    want = FOREACH[name](want_x)
+    got_x = [t.clone() for t in base]
+    got, mode = under_mode(FOREACH[name], got_x)
+    assert_same(got_x, want_x)  # in-place forms wrote every tensor
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert_same(list(got), list(want))
