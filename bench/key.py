@@ -1,8 +1,10 @@
 """Micro-benchmark: the cache key builder, pure Python vs C++ (csrc/key.cpp).
 
-For a few typical calls, microseconds per ``make_key`` of each builder. The two
-are timed interleaved, round after round; the C++/Python ratio is taken per
-round and reduced by median, so machine noise hits both alike.
+For a few typical calls, microseconds per ``make_key`` of each builder, as the
+runtime calls it (the C++ one through key.py's wrapper, which builds the hashed
+``Key``), and of the bare C++ function (``_C.make_key``: parts only, no ``Key``).
+The variants are timed interleaved, round after round; the C++/Python ratio is
+taken per round and reduced by median, so machine noise hits them alike.
 
     python bench/key.py [--rounds 21] [--number 2000]
 """
@@ -16,6 +18,7 @@ import time
 
 import torch
 
+from eagerdecomp import _ext
 from eagerdecomp import key as keymod
 from eagerdecomp.lift import _CLASSES
 
@@ -50,9 +53,9 @@ def main(argv=None) -> int:
     if keymod.IMPLEMENTATION != "c++":
         print("C++ key builder not built (python -m eagerdecomp.info says why)", file=sys.stderr)
         return 1
-    builders = {"python": keymod.make_key_py, "c++": keymod.make_key}
+    builders = {"python": keymod.make_key_py, "c++": keymod.make_key, "bare": _ext.load().make_key}
     print(f"torch {torch.__version__}, {a.rounds} rounds x {a.number} calls, medians")
-    print(f"{'call':28} {'python us':>10} {'c++ us':>8} {'c++/python':>11} {'speedup':>8}")
+    print(f"{'call':28} {'python us':>10} {'c++ us':>8} {'c++/python':>11} {'speedup':>8} {'bare c++ us':>12}")
     for name, op, args, kwargs in cases():
         # the two must agree before their speed means anything
         assert builders["python"](op, args, kwargs)[0] == builders["c++"](op, args, kwargs)[0], name
@@ -65,8 +68,8 @@ def main(argv=None) -> int:
                 times[k].append(v)
             ratios.append(got["c++"] / got["python"])
         ratio = statistics.median(ratios)
-        py, cc = statistics.median(times["python"]), statistics.median(times["c++"])
-        print(f"{name:28} {py:10.2f} {cc:8.2f} {ratio:11.3f} {1 / ratio:7.1f}x")
+        py, cc, bare = (statistics.median(times[k]) for k in ("python", "c++", "bare"))
+        print(f"{name:28} {py:10.2f} {cc:8.2f} {ratio:11.3f} {1 / ratio:7.1f}x {bare:12.2f}")
     return 0
 
 

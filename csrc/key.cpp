@@ -132,6 +132,41 @@ PyObject* int_tuple(c10::IntArrayRef v, PyTypeObject* type) {
   return t;
 }
 
+PyObject* py_bool(bool b) {
+  return b ? Py_True : Py_False;
+}
+
+// key.py's ambient_state(), read from the same C++ state its torch calls read. The
+// tuple is immutable and compared by value, so the last one is reused while the state
+// holds (per thread: grad and inference mode are thread-local).
+PyObject* ambient_state() {
+  thread_local PyObject* last = nullptr;  // owned; lives as long as the thread
+  PyObject* dtype = reinterpret_cast<PyObject*>(
+      torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  PyObject* grad = py_bool(c10::GradMode::is_enabled());
+  PyObject* inference = py_bool(c10::InferenceMode::is_enabled());
+  PyObject* deterministic = py_bool(at::globalContext().deterministicAlgorithms());
+  if (last && PyTuple_GET_ITEM(last, 0) == dtype && PyTuple_GET_ITEM(last, 1) == grad &&
+      PyTuple_GET_ITEM(last, 2) == inference && PyTuple_GET_ITEM(last, 3) == deterministic) {
+    return new_ref(last);
+  }
+  PyObject* state = PyTuple_Pack(4, dtype, grad, inference, deterministic);
+  if (!state) return nullptr;
+  Py_XSETREF(last, new_ref(state));
+  return state;
+}
+
+// torch.device objects are immutable and compare by value: one per device, kept.
+PyObject* device_object(const c10::Device& device) {
+  static std::unordered_map<int32_t, PyObject*> cache;  // (type << 16 | index) -> device
+  const int32_t code = (static_cast<int32_t>(device.type()) << 16) | static_cast<uint16_t>(device.index());
+  auto it = cache.find(code);
+  if (it != cache.end()) return new_ref(it->second);
+  PyObject* d = THPDevice_New(device);
+  if (d) cache.emplace(code, new_ref(d));
+  return d;
+}
+
 // (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x.is_conj(), x.is_neg())
 PyObject* tensor_meta(PyObject* x, const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();
@@ -163,8 +198,8 @@ PyObject* tensor_meta(PyObject* x, const at::Tensor& t) {
     const bool ok = fields.push(int_tuple(sizes, &THPSizeType)) && fields.push(int_tuple(strides, &PyTuple_Type)) &&
                     fields.push(PyLong_FromLongLong(offset)) &&
                     fields.push(new_ref(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)))) &&
-                    fields.push(THPDevice_New(device)) && fields.push(new_ref(conj ? Py_True : Py_False)) &&
-                    fields.push(new_ref(neg ? Py_True : Py_False));
+                    fields.push(device_object(device)) && fields.push(new_ref(py_bool(conj))) &&
+                    fields.push(new_ref(py_bool(neg)));
     return ok ? fields.to_tuple() : nullptr;
   } catch (const std::exception& e) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -313,16 +348,6 @@ bool same_object_pattern(const std::vector<PyObject*>& ts, Refs& parts) {
     PyTuple_SET_ITEM(pattern, static_cast<Py_ssize_t>(i), e);
   }
   return parts.push(pattern);
-}
-
-// key.py's ambient_state(), read from the same C++ state its torch calls read.
-PyObject* ambient_state() {
-  PyObject* dtype = reinterpret_cast<PyObject*>(
-      torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
-  return Py_BuildValue(
-      "(OOOO)", dtype, c10::GradMode::is_enabled() ? Py_True : Py_False,
-      c10::InferenceMode::is_enabled() ? Py_True : Py_False,
-      at::globalContext().deterministicAlgorithms() ? Py_True : Py_False);
 }
 
 PyObject* make_key_impl(PyObject* func, PyObject* args, PyObject* kwargs) {
