@@ -31,6 +31,14 @@ conformance: install
 
 bench: install
 	$(PY) bench/micro.py
+	$(PY) bench/key.py
+	$(PY) bench/device.py
+	$(PY) bench/compile.py
+
+# the coverage report in the terminal, and as a static page: open coverage.html in a browser
+report: install
+	$(PY) -m eagerdecomp report --summary
+	$(PY) -m eagerdecomp report --format html -o coverage.html
 
 clean:
 	rm -rf $(VENV) build *.egg-info eagerdecomp/*.so
