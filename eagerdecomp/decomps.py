@@ -148,7 +148,7 @@ def select_int(self, dim, index):
 # (index.Tensor) and selects exactly the masked elements in row-major order.
 @project_decomposition(aten.masked_select.default)
 def masked_select(self, mask):
-    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    shape = list(torch.broadcast_shapes(self.shape, mask.shape)) or [1]  # a 0-dim pair selects as 1-D
     return aten.index.Tensor(aten.expand.default(self, shape), [aten.expand.default(mask, shape)])
 
 
@@ -187,18 +187,26 @@ def fmin(self, other):
 
 @project_decomposition(aten.exp2.default)
 def exp2(self):
-    # NOTE: a cycle through prims.exp2 otherwise; pow.Scalar is core
+    # NOTE: a cycle through prims.exp2 otherwise; pow.Scalar is core. Integers and bools
+    # promote to the default float dtype first, as exp2's type promotion does.
+    if not (self.dtype.is_floating_point or self.dtype.is_complex):
+        self = aten._to_copy.default(self, dtype=torch.get_default_dtype())
     return aten.pow.Scalar(2, self)
 
 
 # NOTE: no decomposition in PyTorch; the sum over the batch of bmm is its definition.
 @project_decomposition(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    dtype = batch1.dtype
+    if not dtype.is_floating_point and (type(alpha) is float or type(beta) is float):
+        return NotImplemented  # eager truncates float scalars to the integer dtype first
+    if dtype in (torch.float16, torch.bfloat16):  # accumulate the batch in float32, as eager
+        batch1, batch2 = (aten._to_copy.default(b, dtype=torch.float32) for b in (batch1, batch2))
     total = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
     total = total if alpha == 1 else aten.mul.Tensor(total, alpha)
-    if beta == 0:  # as eager: self is ignored, NaN and inf in it included
-        return total
-    return aten.add.Tensor(self if beta == 1 else aten.mul.Tensor(self, beta), total)
+    if beta != 0:  # beta == 0: as eager, self is ignored, NaN and inf in it included
+        total = aten.add.Tensor(self if beta == 1 else aten.mul.Tensor(self, beta), total)
+    return total if total.dtype == dtype else aten._to_copy.default(total, dtype=dtype)
 
 
 # NOTE: no decomposition in PyTorch. For a 1-D sorted sequence it is bucketize with

@@ -22,6 +22,8 @@ An explicit ``generator=`` is declined (``NotImplemented``): core ATen's
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
@@ -188,6 +190,18 @@ def randint_low(low, high, size, *, dtype=torch.int64, layout=None, device=None,
     u = aten.rand.default(size, dtype=torch.float64, device=device)
     ints = aten.floor.default(aten.mul.Tensor(u, float(high - low)))
     return aten._to_copy.default(aten.add.Tensor(ints, low), dtype=dtype if dtype is not None else torch.int64)
+
+
+@project_decomposition(aten.geometric.default)
+def geometric(self, p, *, generator=None):
+    # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold; the
+    # number of Bernoulli(p) trials to the first success, from a float64 uniform
+    if generator is not None:
+        return NotImplemented
+    u = _draw(aten.rand.default, self, torch.float64)
+    trials = aten.ceil.default(aten.div.Tensor(aten.log1p.default(aten.neg.default(u)), math.log1p(-p)))
+    trials = aten.clamp.default(trials, 1)  # u == 0 (odds 2**-53) would give 0 trials
+    return aten._to_copy.default(trials, dtype=self.dtype)
 
 
 @project_decomposition(aten.bernoulli.p)

@@ -21,7 +21,7 @@ from .report import Stats
 from .table import default_table
 from . import table as _table
 from .lift import lift_positions, split, wrapped_positions
-from .trace import LiftRefused, trace
+from .trace import LiftRefused, trace, unalias
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
@@ -137,9 +137,10 @@ class Runtime:
 
     def _lower_eagerly(self, func, args, kwargs):
         try:
-            return Lowerer(self.opset, self.table, _call).lower(func, args, kwargs)
+            out = Lowerer(self.opset, self.table, _call).lower(func, args, kwargs)
         except Stuck as e:
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason))
+        return unalias(func, args, kwargs, out)
 
     def unsupported(self, func, args, kwargs, error: UnsupportedOpError):
         self.stats.unsupported[func] += 1

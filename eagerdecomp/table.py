@@ -142,8 +142,12 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # NOTE: refs express in-place/out= ops and many others with prims, which run in
         # Python in eager; aten-based rules win, and prims left over lower through impl_aten.
         table.update(_prims_to_aten())
-        table.update(variant_table(_all_aten_overloads()))
         table.update(_torch_core_table())
+        # NOTE: our in-place/out= rules win over the core table's generic ones
+        # (register_inplace): those copy_ the result back without eager's checks, so an int
+        # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
+        # The refs a prims opset uses check through their out= wrapper.
+        table.update(variant_table(_all_aten_overloads()))
     table.update(_PROJECT)
     table.update(_USER)
     table.update(extra)

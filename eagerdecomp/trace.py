@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import DeviceMismatchError, MismatchError, TraceError, UnsupportedOpError
 from .key import Bypass
@@ -41,7 +41,7 @@ from .lift import stand_ins
 from .replay import Kernel
 from .variants import ResizeOutputWarning
 
-__all__ = ["trace", "swap_tensors", "LiftRefused"]
+__all__ = ["trace", "swap_tensors", "unalias", "LiftRefused"]
 
 aten = torch.ops.aten
 
@@ -253,6 +253,27 @@ def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
             node, _ = g.call_function(aten.copy_.default, (fresh, node)), fixups.append("restride")
         nodes.append(node)
     return nodes
+
+
+def unalias(func, args, kwargs, out):
+    """On the bypass path (no kernel, no meta kernel to consult): a functional op's outputs
+    that share memory with an input are cloned, as :func:`_finish_outputs` does when tracing.
+
+    NOTE: judged by the schema alone, so an op that returns views without saying so
+    (unsafe_split) would be cloned here; such ops trace, and never take this path.
+    """
+    schema = func._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return out
+    flat, spec = tree_flatten(out)
+    inputs = {_storage(t) for t in _flat_tensors(args, kwargs) if t.layout == torch.strided}
+    if not any(isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs for o in flat):
+        return out
+    flat = [
+        aten.clone.default(o) if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs else o
+        for o in flat
+    ]
+    return tree_unflatten(flat, spec)
 
 
 def _replayed(w) -> bool:

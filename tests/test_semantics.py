@@ -340,3 +340,13 @@ def test_foreach_ops_map_the_per_tensor_op(name):
     assert (got is None) == (want is None)
     if want is not None:
         assert_same(list(got), list(want))
+
+
+def test_a_bypassed_functional_op_never_returns_its_input_memory():
+    # take() needs a data value, so it is decomposed eagerly; on a 0-dim input its
+    # decomposition returns a view, which eager's kernel never does
+    x = torch.tensor(3.0)
+    got, mode = under_mode(lambda: torch.take(x, torch.tensor(0)))
+    assert mode.report().row("aten.take.default").route == "bypassed"
+    assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert_same(got, torch.take(x, torch.tensor(0)))

@@ -272,7 +272,7 @@ def _compare_tensor(n, g, what, values: bool, ref=None) -> None:
         _close(n.detach(), g.detach(), what, ref if isinstance(ref, torch.Tensor) and ref.shape == n.shape else None)
 
 
-def compare_inputs(nat_inputs, got_inputs, refs=None) -> None:
+def compare_inputs(nat_inputs, got_inputs, refs=None, values: bool = True) -> None:
     """After the call, every input holds the same values and metadata in both runs.
 
     Strides are compared where they are significant: a 0- or 1-element tensor's
@@ -287,7 +287,7 @@ def compare_inputs(nat_inputs, got_inputs, refs=None) -> None:
             raise Mismatch(f"{what}: eager {list(n.shape)}/{n.stride()}, mode {list(g.shape)}/{g.stride()}")
         if _is_plain(n) and n.numel() and n.storage_offset() != g.storage_offset():
             raise Mismatch(f"{what}: storage offset eager {n.storage_offset()}, mode {g.storage_offset()}")
-        _compare_tensor(n, g, what, values=True, ref=refs[i])
+        _compare_tensor(n, g, what, values=values, ref=refs[i])
 
 
 # -- one sample, one variant ------------------------------------------------------------
@@ -343,13 +343,13 @@ def run_variant(fn, sample_args, variant, make_out=None, values: bool = True) ->
     try:
         try:
             compare_outputs(native, got, nat_in, got_in, values=values)
-            compare_inputs(nat_in, got_in)
+            compare_inputs(nat_in, got_in, values=values)
         except Mismatch as m:
             if not m.values or random:
                 raise
             ref_out, ref_in = _float64_run(fn, sample_args, make_out)
             compare_outputs(native, got, nat_in, got_in, values=values, ref=ref_out)
-            compare_inputs(nat_in, got_in, ref_in)
+            compare_inputs(nat_in, got_in, ref_in, values=values)
     except Mismatch as m:
         if not random:
             return Outcome("wrong", variant, str(m))
