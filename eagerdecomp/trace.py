@@ -18,6 +18,8 @@ the op's own meta kernel (its eager output metadata) and its schema:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import warnings
 
@@ -156,12 +158,24 @@ def _reference(func, args, kwargs):
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     try:
-        with warnings.catch_warnings(), mode:
+        with warnings.catch_warnings(), _quiet_fakes(), mode:
             warnings.simplefilter("ignore")  # the real call warns for itself
             out = func(*fargs, **fkwargs)
     except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
         return None
     return _Ref(tree_flatten(out)[0], fakes)
+
+
+@contextlib.contextmanager
+def _quiet_fakes():
+    # NOTE: FakeTensorMode logs every failing meta kernel with a traceback at ERROR level.
+    # A call eager rejects fails on fakes first; the real call then raises the user's error.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = disabled
 
 
 def _flat_tensors(args, kwargs) -> list:
@@ -340,7 +354,7 @@ def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kern
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     lowerer = Lowerer(opset, table, emitter)
     try:
-        with warnings.catch_warnings(record=True) as caught, fake_mode:
+        with warnings.catch_warnings(record=True) as caught, _quiet_fakes(), fake_mode:
             warnings.simplefilter("always")
             out = lowerer.lower(func, fargs, fkwargs)
     except Stuck as e:
