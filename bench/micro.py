@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
 from eagerdecomp.key import make_key
+from eagerdecomp.lift import lift_positions, split, wrapped_positions
 from eagerdecomp.lower import Lowerer
 from eagerdecomp.runtime import runtime_for
 
@@ -94,7 +95,13 @@ def bench_op(op, args, kwargs, rounds):
     mode = ed.EagerDecompMode("core_aten")
     with mode, Capture() as cap:
         op(*args, **kwargs)  # trace once
-    key, tensors = make_key(*cap.seen)
+    # the key exactly as the runtime builds it: floats of pointwise ops are lifted out of
+    # the key and passed to the kernel as inputs (eagerdecomp/lift.py)
+    func, cargs, ckwargs = cap.seen
+    positions = lift_positions(func) + wrapped_positions(func)
+    cargs, ckwargs, lifted = split(positions, cargs, ckwargs) if positions else (cargs, ckwargs, [])
+    key, tensors = make_key(func, cargs, ckwargs)
+    tensors = tensors + [v for _, v in lifted]
     kernel = runtime.cache.get(key)
     naive = Lowerer(runtime.opset, runtime.table, _call)
 
