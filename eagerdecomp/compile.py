@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 from collections import Counter
@@ -145,12 +146,15 @@ def _call(func, args, kwargs):
     return func(*args, **kwargs)
 
 
+KEEP_GRAPHS = 256
+
+
 class EagerDecompBackend:
     """A dynamo backend that lowers every captured graph into ``opset``.
 
-    Use :func:`compile_backend` to make one. ``graphs`` lists every
-    :class:`LoweredGraph` it produced, in order (kept for inspection: clear it
-    if a long-running process compiles many graphs).
+    Use :func:`compile_backend` to make one. ``graphs`` holds the last
+    :data:`KEEP_GRAPHS` :class:`LoweredGraph` it produced, oldest first (for
+    inspection; bounded, so a long-running process that recompiles does not grow).
     """
 
     def __init__(self, opset="core_aten", compiler: Callable | None = None, decompositions: Mapping | None = None):
@@ -158,7 +162,7 @@ class EagerDecompBackend:
         self.opset: OpSet = runtime.opset
         self.table: dict = runtime.table
         self.compiler = compiler
-        self.graphs: list[LoweredGraph] = []
+        self.graphs: collections.deque = collections.deque(maxlen=KEEP_GRAPHS)
         # AOTAutograd consults its table for every op it traces; each entry starts our Lowerer,
         # which then owns the whole recursive decomposition (cycle guards, bus stops included).
         self._aot_table = {
