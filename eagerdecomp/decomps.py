@@ -402,3 +402,42 @@ def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_co
 @project_decomposition(aten._foreach_norm.Scalar)
 def foreach_norm(self, ord=2, dtype=None):
     return [aten.linalg_vector_norm.default(t, ord, dtype=dtype) for t in self]
+
+
+# NOTE: the nearest-neighbour upsampling backwards have no decomposition in PyTorch
+# either. Each output gradient goes back to the one input it was copied from, with the
+# index computed as the CPU kernels do (in float32: floor(dst * scale), or
+# floor((dst + 0.5) * scale) for the "exact" variants, clamped to the input).
+def _nearest_source(in_size, out_size, scale, exact, device):
+    step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    dst = aten._to_copy.default(aten.arange.start_step(0, out_size, 1, device=device), dtype=torch.float32)
+    src = aten.mul.Tensor(aten.add.Tensor(dst, 0.5) if exact else dst, step)
+    src = aten._to_copy.default(aten.floor.default(src), dtype=torch.int64)
+    return aten.clamp.default(src, None, in_size - 1)
+
+
+def _upsample_nearest_backward(grad_output, output_size, input_size, scales, exact):
+    acc = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+    d = len(output_size)
+    index = [
+        aten.view.default(_nearest_source(i, o, s, exact, grad_output.device), [o] + [1] * (d - 1 - k))
+        for k, (i, o, s) in enumerate(zip(input_size[2:], output_size, scales))
+    ]
+    out = aten.full.default(list(input_size), 0, dtype=acc, device=grad_output.device)
+    out = aten.index_put.default(out, [None, None, *index], aten._to_copy.default(grad_output, dtype=acc), True)
+    return aten._to_copy.default(out, dtype=grad_output.dtype)
+
+
+def _nearest_backward_fill(op, dims, exact):
+    names = ["scales"] if dims == 1 else ["scales_d", "scales_h", "scales_w"][3 - dims :]
+
+    def backward(grad_output, output_size, input_size, *scales, **kw):
+        given = list(scales) + [kw.get(n) for n in names[len(scales) :]]
+        return _upsample_nearest_backward(grad_output, output_size, input_size, given, exact)
+
+    project_decomposition(op)(backward)
+
+
+for _dims in (1, 2, 3):
+    _nearest_backward_fill(getattr(aten, f"upsample_nearest{_dims}d_backward").default, _dims, exact=False)
+    _nearest_backward_fill(getattr(aten, f"_upsample_nearest_exact{_dims}d_backward").default, _dims, exact=True)

@@ -292,6 +292,21 @@ def test_data_dependent_ops_through_the_bypass(name):
 # -- backward ops PyTorch leaves without a decomposition -----------------------------------
 
 
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("scale", [2.0, 1.7, 0.6])
+def test_nearest_upsampling_backward_matches_eager(dims, mode, scale):
+    x = torch.randn(2, 3, *([5] * dims), dtype=torch.float64, requires_grad=True)
+
+    def grad_of(inp):
+        y = F.interpolate(inp, scale_factor=scale, mode=mode)
+        return torch.autograd.grad(y, inp, torch.ones_like(y).cumsum(-1))[0]
+
+    want = grad_of(x)
+    got, _ = under_mode(grad_of, x.detach().clone().requires_grad_())
+    assert_same(got, want)
+
+
 @pytest.mark.parametrize("mode,dims", [("linear", 1), ("bilinear", 2), ("trilinear", 3)])
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_linear_upsampling_backward_matches_eager(mode, dims, align_corners):
