@@ -28,6 +28,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
 from .table import project_decomposition
+from .variants import resize_out
 
 aten = torch.ops.aten
 
@@ -96,6 +97,17 @@ def normal_tensor_float(mean, std=1.0, *, generator=None):
     if _declines(generator):
         return NotImplemented
     return aten.add.Tensor(_scaled(aten.randn.default, mean, std, 0.0), mean)
+
+
+@project_decomposition(aten.normal.Tensor_float_out)
+def normal_tensor_float_out(mean, std=1.0, *, generator=None, out):
+    # NOTE: eager broadcasts mean with out's *current* shape, not mean's alone, so a
+    # wrongly sized out raises there (the generic out= rule would resize it): same here
+    if generator is not None:
+        return NotImplemented
+    shape = list(torch.broadcast_shapes(mean.shape, out.shape))
+    resize_out(out, shape)
+    return aten.copy_.default(out, normal_tensor_float(aten.expand.default(mean, shape), std))
 
 
 @project_decomposition(aten.normal.float_Tensor)

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-__all__ = ["functional_variant", "variant_table", "foreach_table", "ResizeOutputWarning", "with_defaults"]
+__all__ = ["functional_variant", "variant_table", "foreach_table", "resize_out", "ResizeOutputWarning", "with_defaults"]
 
 
 class ResizeOutputWarning(UserWarning):
@@ -92,7 +92,8 @@ def _write(op, dest, result):
     return dest.copy_(result)
 
 
-def _resize_out(out, shape) -> None:
+def resize_out(out, shape) -> None:
+    """Resize an out= tensor to ``shape`` as eager does (with its warning when it held elements)."""
     if out.shape == shape:
         return
     if out.numel() != 0:
@@ -117,7 +118,7 @@ def _out(op, functional, *args, **kwargs):
         return NotImplemented
     for res, out in zip(results, dests):
         _check_cast(op, res, out)
-        _resize_out(out, res.shape)
+        resize_out(out, res.shape)
         out.copy_(res)
     if not op._schema.returns:
         return None

@@ -88,7 +88,9 @@ def results():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _RESULTS.rows:
+    # a run narrowed with -k or -m is not the suite: it writes no summary over the last real one
+    narrowed = session.config.option.keyword or session.config.option.markexpr
+    if _RESULTS.rows and not narrowed:
         from .summary import write_summary
 
         write_summary(_RESULTS, os.path.join(str(session.config.rootpath), "reports"), full=FULL)
