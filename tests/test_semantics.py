@@ -365,3 +365,21 @@ def test_a_bypassed_functional_op_never_returns_its_input_memory():
     assert mode.report().row("aten.take.default").route == "bypassed"
     assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert_same(got, torch.take(x, torch.tensor(0)))
+
+
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("float result into an int tensor", lambda: torch.arange(4).logit_()),
+        ("broadcast bigger than self", lambda: torch.ones(1).addcmul_(torch.ones(3, 3), torch.ones(3, 3))),
+        ("exp2_ on int", lambda: torch.arange(3).exp2_()),
+    ],
+)
+def test_inplace_ops_refuse_what_eager_refuses(name, fn):
+    with pytest.raises(RuntimeError) as native:
+        fn()
+    with pytest.raises(RuntimeError) as ours, ed.EagerDecompMode("core_aten"):
+        fn()
+    # the same complaint: a cast eager cannot do, or a shape it cannot write into
+    key = "cast" if "cast" in str(native.value) else "shape"
+    assert key in str(ours.value)
