@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.utils import counters
-from torch.utils._python_dispatch import _disable_current_modes
 
 import eagerdecomp as ed
 from eagerdecomp import backend as device_switch

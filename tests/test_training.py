@@ -17,15 +17,14 @@ def _compare(model_cls, steps=2):
     opt_n = torch.optim.AdamW(native.parameters(), lr=1e-2)
     opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-2)
     x, y = model_cls.batch()
-    with RecordingMode() as rec:
-        for _ in range(steps):
-            ln, lossn, gn = train_step(native, opt_n, x, y)
-            with ed.EagerDecompMode("core_aten") as mode:
-                lo, losso, go = train_step(ours, opt_o, x, y)
-            torch.testing.assert_close(lo, ln, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(losso, lossn, rtol=1e-4, atol=1e-5)
-            for a, b in zip(go, gn):
-                torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    for _ in range(steps):
+        ln, lossn, gn = train_step(native, opt_n, x, y)
+        with ed.EagerDecompMode("core_aten") as mode:
+            lo, losso, go = train_step(ours, opt_o, x, y)
+        torch.testing.assert_close(lo, ln, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(losso, lossn, rtol=1e-4, atol=1e-5)
+        for a, b in zip(go, gn):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
     return native, ours, mode, gn
 
 
