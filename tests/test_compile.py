@@ -248,6 +248,20 @@ def test_recompile_and_mode_cache_coexist():
     assert backend.outside_opset() == []
 
 
+def _compiled_silu_grad_matches_eager(backend, opset):
+    """silu(x).sum() compiled with ``backend`` under a mode for ``opset``: its gradient equals
+    eager's. Returns the witness and the mode."""
+    x = torch.randn(4, 6, requires_grad=True)
+    with Witness() as rec, ed.EagerDecompMode(opset) as mode:
+        out = torch.compile(lambda t: F.silu(t).sum(), backend=backend)(x)
+        out.backward()
+    grad = x.grad
+    x.grad = None
+    F.silu(x).sum().backward()
+    assert_same(grad, x.grad)
+    return rec, mode
+
+
 @pytest.mark.parametrize("backend_name", ["aot_eager", "eagerdecomp-core-under-prims"])
 def test_mode_still_guards_graphs_of_another_opset(backend_name):
     # With ignore_compile_internals the mode is off only while dynamo compiles: a compiled graph
@@ -257,14 +271,7 @@ def test_mode_still_guards_graphs_of_another_opset(backend_name):
         backend, opset, leftover = "aot_eager", "core_aten", aten.silu.default
     else:
         backend, opset, leftover = compile_backend("core_aten"), "prims", aten.sigmoid.default
-    x = torch.randn(4, 6, requires_grad=True)
-    with Witness() as rec, ed.EagerDecompMode(opset) as mode:
-        out = torch.compile(lambda t: F.silu(t).sum(), backend=backend)(x)
-        out.backward()
-    grad = x.grad
-    x.grad = None
-    F.silu(x).sum().backward()
-    assert_same(grad, x.grad)
+    rec, mode = _compiled_silu_grad_matches_eager(backend, opset)
     assert mode.report().row(leftover).route == "decomposed"
     rec.assert_only(opset)
 
@@ -391,14 +398,7 @@ def test_prims_target_view_is_refused_clearly():
 
 def test_prims_target_pointwise():
     backend = compile_backend("prims")
-    x = torch.randn(4, 6, requires_grad=True)
-    with Witness() as rec, ed.EagerDecompMode("prims"):
-        out = torch.compile(lambda t: F.silu(t).sum(), backend=backend)(x)
-        out.backward()
-    grad = x.grad
-    x.grad = None
-    F.silu(x).sum().backward()
-    assert_same(grad, x.grad)
+    rec, _ = _compiled_silu_grad_matches_eager(backend, "prims")
     assert backend.outside_opset() == [] and {g.kind for g in backend.graphs} == {"forward", "backward"}
     assert all(op.namespace == "prims" for op in backend.ops())
     rec.assert_only("prims")
