@@ -4,6 +4,8 @@ TORCH ?= torch==2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make conformance`
+JOBS ?= auto
 
 .PHONY: demo test conformance bench report install clean
 
@@ -27,7 +29,7 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 conformance: install
-	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q $(PYTEST_ARGS)
+	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/micro.py

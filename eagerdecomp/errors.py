@@ -24,17 +24,23 @@ class UnknownOpError(EagerDecompError, ValueError):
 
 
 class UnsupportedOpError(EagerDecompError, NotImplementedError):
-    """An op has no path to the target opset (``chain`` says where it got stuck)."""
+    """An op has no path to the target opset (``chain`` says where it got stuck).
 
-    def __init__(self, op, chain=(), reason="no decomposition"):
-        self.op, self.chain, self.reason = op, tuple(chain), reason
+    ``hint`` adds a remedy that only some callers can offer (the dispatch mode's
+    ``on_unsupported='fallthrough'``; a device or a compiled graph has no native op to fall to).
+    """
+
+    def __init__(self, op, chain=(), reason="no decomposition", hint=None):
+        self.op, self.chain, self.reason, self.hint = op, tuple(chain), reason, hint
         path = " -> ".join(str(o) for o in self.chain) or str(op)
         super().__init__(
             f"{op} has no path to the target opset: {path}: {reason}. "
-            "Add the blocking op to the opset, register a decomposition for it with "
-            "eagerdecomp.register_decomposition, or pass on_unsupported='fallthrough' "
-            "to run it natively."
+            "Add the blocking op to the opset or register a decomposition for it with "
+            "eagerdecomp.register_decomposition" + (f"; {hint}" if hint else "") + "."
         )
+
+    def with_hint(self, hint: str) -> "UnsupportedOpError":
+        return UnsupportedOpError(self.op, self.chain, self.reason, hint)
 
 
 class UnsupportedArgumentError(EagerDecompError, TypeError):

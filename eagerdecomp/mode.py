@@ -49,6 +49,7 @@ class EagerDecompMode(TorchDispatchMode):
     ):
         super().__init__()
         self.runtime = runtime_for(opset, decompositions, on_unsupported)
+        self.runtime.hint = "or pass on_unsupported='fallthrough' to EagerDecompMode to run it natively"
         self.opset = self.runtime.opset
         self._ops = self.opset.ops
         self._dispatch: Callable = self.runtime

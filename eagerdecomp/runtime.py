@@ -53,6 +53,7 @@ class Runtime:
         self.table = table
         self.cache = cache
         self.on_unsupported = on_unsupported
+        self.hint = None  # an extra remedy for UnsupportedOpError, set by the caller that can offer one
         self.stats = Stats()
         self._routes: dict = {}
         self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
@@ -145,7 +146,7 @@ class Runtime:
     def unsupported(self, func, args, kwargs, error: UnsupportedOpError):
         self.stats.unsupported[func] += 1
         if self.on_unsupported == "error":
-            raise error
+            raise (error.with_hint(self.hint) if self.hint else error) from None
         if self.on_unsupported == "warn":
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.fallthrough[func] += 1

@@ -19,6 +19,7 @@ def test_unsupported_op_names_op_chain_and_remedy():
     assert e.op is aten.mm.default and e.chain == (aten.mm.default,)
     msg = str(e)
     assert "aten.mm.default" in msg and "no decomposition" in msg and "register_decomposition" in msg
+    assert "on_unsupported='fallthrough'" in msg  # the mode can run it natively; the message says how
 
 
 def test_unsupported_chain_names_the_blocking_op():

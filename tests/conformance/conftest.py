@@ -6,11 +6,14 @@ sample, and writes ``reports/conformance.md`` and ``.json``. Without it,
 ``make test`` runs the fast slice (:func:`fast_slice`): every OpInfo, at one
 dtype each, on its first samples, which keeps every op's path honest within
 CI's budget. ``EAGERDECOMP_CONFORMANCE_SAMPLES=N`` caps a full run at N samples
-per OpInfo and dtype (the summary says so).
+per OpInfo and dtype (the summary says so). Under pytest-xdist (``-n N``, what
+``make conformance`` uses when it is installed) each worker hands its rows to the
+controller, which writes the one summary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import zlib
@@ -71,8 +74,6 @@ class Results:
 
     def __init__(self):
         self.rows: list = []  # (op name, dtype name, sample index, Outcome, expected reason or None)
-        self.problems: dict = {}  # test id -> list of problems
-        self.exhaustive: dict = {}
         self.started = time.time()
 
     def add(self, name, dtype, index, outcome, expected):
@@ -87,9 +88,26 @@ def results():
     return _RESULTS
 
 
+_ROWS_KEY = "eagerdecomp_conformance_rows"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    # xdist controller: a worker finished; take its rows (plain data over execnet)
+    from .harness import Outcome
+
+    for name, dtype, index, outcome, why in getattr(node, "workeroutput", {}).get(_ROWS_KEY, ()):
+        _RESULTS.add(name, dtype, index, Outcome(**outcome), why)
+
+
 def pytest_sessionfinish(session, exitstatus):
-    # a run narrowed with -k or -m is not the suite: it writes no summary over the last real one
-    narrowed = session.config.option.keyword or session.config.option.markexpr
+    worker = getattr(session.config, "workeroutput", None)
+    if worker is not None:  # an xdist worker: the controller writes the summary
+        worker[_ROWS_KEY] = [(n, d, i, dataclasses.asdict(o), w) for n, d, i, o, w in _RESULTS.rows]
+        return
+    # a run narrowed with -k, -m or a test id is not the suite: it writes no summary over the last real one
+    opt = session.config.option
+    narrowed = opt.keyword or opt.markexpr or any("::" in a for a in session.config.args)
     if _RESULTS.rows and not narrowed:
         from .summary import write_summary
 
