@@ -441,3 +441,84 @@ def _nearest_backward_fill(op, dims, exact):
 for _dims in (1, 2, 3):
     _nearest_backward_fill(getattr(aten, f"upsample_nearest{_dims}d_backward").default, _dims, exact=False)
     _nearest_backward_fill(getattr(aten, f"_upsample_nearest_exact{_dims}d_backward").default, _dims, exact=True)
+
+
+# -- fixes found by the uncapped conformance run (every OpInfo sample) ---------------------------
+
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
+def _declining(op, declines):
+    """torch's own decomposition of ``op``, declined (no path, a clear error) where ``declines(kwargs)``."""
+    theirs = _torch_decomposition(op)
+
+    def fill(*args, **kwargs):
+        return NotImplemented if declines(kwargs) else theirs(*args, **kwargs)
+
+    project_decomposition(op)(fill)
+
+
+def _result_dtype(kwargs):
+    out = kwargs.get("out")
+    return out.dtype if out is not None else kwargs.get("dtype") or torch.get_default_dtype()
+
+
+def _inexact_spacing(kwargs) -> bool:
+    dtype = _result_dtype(kwargs)
+    return dtype in (torch.bfloat16, torch.float16) or not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _inexact_bfloat16(kwargs) -> bool:
+    return _result_dtype(kwargs) in (torch.bfloat16, torch.float16)
+
+
+# NOTE: torch's linspace ref computes in the wide type and rounds once; eager's kernel casts
+# `start` to the result dtype first and rounds each step in it. On integer and 16-bit float
+# results they differ (linspace(-3.5, 10, 33, dtype=int64) sample 32 of the OpInfo, off by one;
+# logspace(..., dtype=bfloat16) off by 512 near 2**16). Declined there rather than answer differently.
+for _packet, _declines in ((aten.linspace, _inexact_spacing), (aten.logspace, _inexact_bfloat16)):
+    for _name in ("default", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor"):
+        for _suffix in ("", "_out"):  # torch's out= entries call its functional ref directly
+            _declining(getattr(_packet, "out" if _name == "default" and _suffix else _name + _suffix), _declines)
+
+
+# NOTE: eager's max_unpool2d keeps a channels-last input channels-last; torch's decomposition
+# returns a contiguous result (OpInfo samples 36+ at every float dtype: strides differ).
+@project_decomposition(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    out = _torch_decomposition(aten.max_unpool2d.default)(self, indices, output_size)
+    if self.dim() == 4 and torch._prims_common.suggest_memory_format(self) == torch.channels_last:
+        out = aten.clone.default(out, memory_format=torch.channels_last)
+    return out
+
+
+# NOTE: cat is structured: an out= it resizes takes the strides eager's functional cat picks
+# (channels-last inputs give a channels-last out); the generic out rule resizes contiguous.
+@project_decomposition(aten.cat.out)
+def cat_out(tensors, dim=0, *, out):
+    from .variants import resize_out
+
+    result = aten.cat.default(tensors, dim)
+    if out.shape != result.shape:
+        resize_out(out, result.shape)
+        if torch._prims_common.is_non_overlapping_and_dense_or_false(result):
+            aten.as_strided_.default(out, result.shape, result.stride(), out.storage_offset())
+    return aten.copy_.default(out, result)
+
+
+# NOTE: eager's nonzero(out=) hands back a column-major (n, ndim) out, the transpose of an
+# (ndim, n) buffer, unless the out it got already has that shape (then it keeps its strides).
+@project_decomposition(aten.nonzero.out)
+def nonzero_out(self, *, out):
+    from .variants import resize_out
+
+    result = aten.nonzero.default(self)
+    n, ndim = result.shape
+    if out.shape != result.shape:
+        resize_out(out, (ndim, n))
+        aten.as_strided_.default(out, (n, ndim), (1, n), out.storage_offset())
+    return aten.copy_.default(out, result)

@@ -383,3 +383,42 @@ def test_inplace_ops_refuse_what_eager_refuses(name, fn):
     # the same complaint: a cast eager cannot do, or a shape it cannot write into
     key = "cast" if "cast" in str(native.value) else "shape"
     assert key in str(ours.value)
+
+
+# -- found by the uncapped conformance run ----------------------------------------------------------
+
+
+def test_max_unpool2d_keeps_channels_last():
+    x = torch.randn(1, 2, 4, 4).to(memory_format=torch.channels_last)
+    pooled, idx = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    want = torch.nn.functional.max_unpool2d(pooled, idx, 2)
+    with ed.EagerDecompMode():
+        got = [torch.nn.functional.max_unpool2d(pooled, idx, 2) for _ in range(2)]  # trace, then replay
+    for g in got:
+        assert g.stride() == want.stride() and torch.equal(g, want)
+
+
+@pytest.mark.parametrize("make_out", [lambda: torch.empty(0, dtype=torch.long), lambda: torch.empty(4, 2, dtype=torch.long)])
+def test_nonzero_out_strides_as_eager(make_out):
+    x = torch.tensor([[1.0, 0, 1], [0, 1, 1]])
+    want, got = make_out(), make_out()
+    torch.nonzero(x, out=want)
+    with ed.EagerDecompMode():
+        torch.nonzero(x, out=got)
+    assert got.stride() == want.stride() and torch.equal(got, want)
+
+
+def test_cat_out_resized_takes_the_inputs_layout():
+    a = torch.randn(1, 2, 2, 2).to(memory_format=torch.channels_last)
+    want, got = torch.empty(0), torch.empty(0)
+    torch.cat([a, a], out=want)
+    with ed.EagerDecompMode():
+        torch.cat([a, a], out=got)
+    assert got.stride() == want.stride() == (8, 1, 4, 2) and torch.equal(got, want)
+
+
+def test_linspace_at_integer_dtype_is_declined_not_rounded_differently():
+    with ed.EagerDecompMode():
+        assert torch.equal(torch.linspace(0, 1, 5), torch.tensor([0, 0.25, 0.5, 0.75, 1]))
+        with pytest.raises(ed.UnsupportedOpError, match="aten.linspace.default.*declined"):
+            torch.linspace(-3.5, 10, 33, dtype=torch.int64)
