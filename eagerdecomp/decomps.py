@@ -13,6 +13,7 @@ import math
 import torch
 
 from .table import project_decomposition
+from .variants import resize_out
 
 aten = torch.ops.aten
 
@@ -500,8 +501,6 @@ def max_unpool2d(self, indices, output_size):
 # (channels-last inputs give a channels-last out); the generic out rule resizes contiguous.
 @project_decomposition(aten.cat.out)
 def cat_out(tensors, dim=0, *, out):
-    from .variants import resize_out
-
     result = aten.cat.default(tensors, dim)
     if out.shape != result.shape:
         resize_out(out, result.shape)
@@ -514,8 +513,6 @@ def cat_out(tensors, dim=0, *, out):
 # (ndim, n) buffer, unless the out it got already has that shape (then it keeps its strides).
 @project_decomposition(aten.nonzero.out)
 def nonzero_out(self, *, out):
-    from .variants import resize_out
-
     result = aten.nonzero.default(self)
     n, ndim = result.shape
     if out.shape != result.shape:
