@@ -105,9 +105,10 @@ def pytest_sessionfinish(session, exitstatus):
     if worker is not None:  # an xdist worker: the controller writes the summary
         worker[_ROWS_KEY] = [(n, d, i, dataclasses.asdict(o), w) for n, d, i, o, w in _RESULTS.rows]
         return
-    # a run narrowed with -k, -m or a test id is not the suite: it writes no summary over the last real one
+    # a run narrowed with -k, -m, a test id or --lf is not the suite: it writes no summary over the last real one
     opt = session.config.option
-    narrowed = opt.keyword or opt.markexpr or any("::" in a for a in session.config.args)
+    narrowed = (opt.keyword or opt.markexpr or getattr(opt, "lf", False)
+                or any("::" in a for a in session.config.args))
     if _RESULTS.rows and not narrowed:
         from .summary import write_summary
 
