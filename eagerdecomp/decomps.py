@@ -473,7 +473,7 @@ def _inexact_spacing(kwargs) -> bool:
     return dtype in (torch.bfloat16, torch.float16) or not (dtype.is_floating_point or dtype.is_complex)
 
 
-def _inexact_bfloat16(kwargs) -> bool:
+def _inexact_16bit(kwargs) -> bool:
     return _result_dtype(kwargs) in (torch.bfloat16, torch.float16)
 
 
@@ -481,7 +481,7 @@ def _inexact_bfloat16(kwargs) -> bool:
 # `start` to the result dtype first and rounds each step in it. On integer and 16-bit float
 # results they differ (linspace(-3.5, 10, 33, dtype=int64) sample 32 of the OpInfo, off by one;
 # logspace(..., dtype=bfloat16) off by 512 near 2**16). Declined there rather than answer differently.
-for _packet, _declines in ((aten.linspace, _inexact_spacing), (aten.logspace, _inexact_bfloat16)):
+for _packet, _declines in ((aten.linspace, _inexact_spacing), (aten.logspace, _inexact_16bit)):
     for _name in ("default", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor"):
         for _suffix in ("", "_out"):  # torch's out= entries call its functional ref directly
             _declining(getattr(_packet, "out" if _name == "default" and _suffix else _name + _suffix), _declines)
