@@ -6,9 +6,9 @@ sample, and writes ``reports/conformance.md`` and ``.json``. Without it,
 ``make test`` runs the fast slice (:func:`fast_slice`): every OpInfo, at one
 dtype each, on its first samples, which keeps every op's path honest within
 CI's budget. ``EAGERDECOMP_CONFORMANCE_SAMPLES=N`` caps a full run at N samples
-per OpInfo and dtype (the summary says so). Under pytest-xdist (``-n N``, what
-``make conformance`` uses when it is installed) each worker hands its rows to the
-controller, which writes the one summary.
+per OpInfo and dtype (the summary says so). Under pytest-xdist (``-n N``; ``make
+conformance`` passes ``-n $(JOBS)``) each worker hands its rows to the controller,
+which writes the one summary.
 """
 
 from __future__ import annotations
