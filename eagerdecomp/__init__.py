@@ -12,8 +12,9 @@ Example::
     >>> print(mode.report())  # doctest: +SKIP
 """
 
-from . import backend
-from .backend import disable, enable
+from . import device
+from . import device as backend  # the module's former name, kept importable
+from .device import disable, enable
 from .cache import cache_clear, cache_info
 from .compile import compile_backend
 from . import errors
@@ -21,7 +22,7 @@ from .errors import *  # noqa: F401,F403  (the error classes; listed in errors._
 from .mode import EagerDecompMode
 from .opset import PRESETS, OpSet
 from .profile import profile
-from .table import register_decomposition
+from .registry import register_decomposition
 
 __version__ = "0.1.0"
 
@@ -35,9 +36,10 @@ __all__ = [
     "compile_backend",
     "enable",
     "disable",
+    "device",
     "backend",
     "profile",
     *errors.__all__,
 ]
 
-backend.enable_from_env()  # EAGERDECOMP_BACKENDS=dev1,dev2[=opset]: the switch for deployments that cannot change code
+device.enable_from_env()  # EAGERDECOMP_BACKENDS=dev1,dev2[=opset]: the switch for deployments that cannot change code

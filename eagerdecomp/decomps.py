@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .table import project_decomposition
+from .registry import project_decomposition
 from .variants import resize_out
 
 aten = torch.ops.aten

@@ -71,7 +71,7 @@ class EagerDecompMode(TorchDispatchMode):
         return True
 
     def report(self):
-        """Per-op :class:`~eagerdecomp.report.Report` of everything this mode saw."""
+        """Per-op :class:`~eagerdecomp.stats.Report` of everything this mode saw."""
         return self.runtime.stats.report()
 
     def __repr__(self) -> str:

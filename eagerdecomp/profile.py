@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .mode import EagerDecompMode
-from .report import Report
+from .stats import Report
 
 __all__ = ["profile", "profile_script", "Profile", "ROUTES"]
 

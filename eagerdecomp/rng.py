@@ -27,7 +27,7 @@ import math
 import torch
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
-from .table import project_decomposition
+from .registry import project_decomposition
 from .variants import resize_out
 
 aten = torch.ops.aten

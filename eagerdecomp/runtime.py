@@ -17,9 +17,9 @@ from .key import Bypass, make_key
 from .lower import Lowerer, Stuck, is_infrastructure
 from .opset import OpSet, resolve_op
 from .replay import Kernel
-from .report import Stats
+from .registry import version as table_version
+from .stats import Stats
 from .table import default_table
-from . import table as _table
 from .lift import lift_positions, split, wrapped_positions
 from .trace import LiftRefused, trace, unalias
 
@@ -173,5 +173,5 @@ def runtime_for(opset, decompositions=None, on_unsupported: str = "error") -> Ru
     opset = OpSet.coerce(opset)
     extra = _resolve_decompositions(decompositions or {})
     table = default_table(opset, extra.items())
-    fingerprint = (opset, frozenset(extra.items()), _table.VERSION)
+    fingerprint = (opset, frozenset(extra.items()), table_version())
     return Runtime(opset, table, cache_for(fingerprint), on_unsupported)

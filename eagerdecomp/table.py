@@ -17,73 +17,20 @@ and we get off at the first one the backend serves.
 
 from __future__ import annotations
 
-import itertools
-from typing import Callable, Dict, Iterable
+import importlib
+from typing import Iterable
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import OpOverload
 
-from .errors import EagerDecompError
-from .opset import OpSet, resolve_op
+from .opset import OpSet
+from .registry import PROJECT, USER, Table
 from .variants import foreach_table, variant_table
 
-__all__ = ["register_decomposition", "default_table", "user_table"]
+__all__ = ["default_table", "FILL_MODULES"]
 
-Table = Dict[OpOverload, Callable]
-
-_USER: Table = {}
-_PROJECT: Table = {}
-# bumped on every registration so cached runtimes built from older tables are not reused
-_version = itertools.count(1)
-VERSION = 0
-
-
-def _register(registry: Table, ops, fn: Callable, override: bool) -> Callable:
-    global VERSION
-    if isinstance(ops, (str, OpOverload, OpOverloadPacket)):
-        ops = [ops]
-    overloads = [o for op in ops for o in resolve_op(op)]
-    for op in overloads:
-        if op in registry and not override:
-            raise EagerDecompError(
-                f"a decomposition for {op} is already registered ({registry[op].__qualname__}); "
-                "pass override=True to replace it"
-            )
-    for op in overloads:
-        registry[op] = fn
-    VERSION = next(_version)
-    return fn
-
-
-def register_decomposition(ops, *, override: bool = False, _registry: Table | None = None):
-    """Decorator: register ``fn`` as the decomposition of ``ops`` for every opset.
-
-    ``ops`` is an overload, a packet (expanded to all its overloads), a name,
-    or a list of those. Registering an op twice raises unless ``override=True``.
-
-    Example::
-
-        >>> import torch, eagerdecomp as ed
-        >>> @ed.register_decomposition("aten::hardswish", override=True)
-        ... def hardswish(x):
-        ...     return x * torch.clamp(x + 3, 0, 6) / 6
-    """
-    registry = _USER if _registry is None else _registry
-
-    def wrap(fn):
-        return _register(registry, ops, fn, override)
-
-    return wrap
-
-
-def project_decomposition(ops):
-    """Decorator for eagerdecomp's own fills (used in ``eagerdecomp/decomps.py``)."""
-    return register_decomposition(ops, _registry=_PROJECT)
-
-
-def user_table() -> Table:
-    return dict(_USER)
-
+# eagerdecomp's own fills, one module per family; each registers its entries at import.
+FILL_MODULES = ("decomps", "rng")
 
 def _torch_core_table() -> Table:
     import torch._decomp as d
@@ -132,7 +79,8 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
     import torch._decomp as d
 
-    from . import decomps, rng  # noqa: F401  (register the project fills)
+    for name in FILL_MODULES:
+        importlib.import_module(f".{name}", __package__)
 
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
     table: Table = {} if prefers_aten else _refs_by_name()
@@ -148,8 +96,8 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
         # The refs a prims opset uses check through their out= wrapper.
         table.update(variant_table(_all_aten_overloads()))
-    table.update(_PROJECT)
-    table.update(_USER)
+    table.update(PROJECT)
+    table.update(USER)
     table.update(extra)
     for op in opset.ops:
         table.pop(op, None)

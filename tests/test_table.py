@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp import table as tbl
+from eagerdecomp import registry, table as tbl
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def test_user_registration_is_used_and_new_runtimes_see_it():
         assert calls, "the user decomposition was not used"
         torch.testing.assert_close(y, torch.nn.functional.mish(x))
     finally:
-        tbl._USER.pop(aten.mish.default, None)
+        registry.USER.pop(aten.mish.default, None)
 
 
 def test_mode_decompositions_take_precedence():

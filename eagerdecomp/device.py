@@ -1,0 +1,320 @@
+"""The device switch: every op a device has no kernel for goes through eagerdecomp.
+
+:func:`enable` registers one boxed Python fallback on the device's dispatch key.
+The dispatcher calls it only for ops with no kernel of any kind for that key
+(a device kernel, or PyTorch's composite kernels, run first), after autograd
+has recorded the op, so backward ops take the same path. The fallback hands
+the call to a :class:`~eagerdecomp.runtime.Runtime`: decomposition traced once
+over fake tensors, cached, replayed on the real tensors, whose ops dispatch
+back to the device's own kernels.
+
+The target opset defaults to the ops with a kernel for the device's key, read
+from the dispatcher, so decomposition stops exactly where the device's kernels
+begin. An explicit opset narrows that; it may not claim an op the device lacks.
+
+PyTorch's composite kernels (CompositeExplicitAutograd[NonFunctional]) serve every
+backend key and so would run before any fallback: ``silu`` would reach us as
+``silu.out``, ``x[idx] = 0`` as the internal ``_index_put_impl_``, which has no
+decomposition. So :func:`enable` also registers the same Python kernel on the
+device's key for each such op outside the opset that the decomposition table
+covers: the device then meets the ops a user called, exactly as
+:class:`~eagerdecomp.EagerDecompMode` does. Composite ops without a decomposition
+keep PyTorch's composite kernel.
+
+Example::
+
+    >>> import torch
+    >>> from eagerdecomp import backend
+    >>> from eagerdecomp.refdev import reference_device
+    >>> dev = reference_device()                     # a strict core-ATen-only device
+    >>> _ = backend.enable(dev.type)
+    >>> y = torch.nn.functional.silu(torch.randn(4).to(dev))   # silu is not core: decomposed
+    >>> backend.enabled(dev).report().row(torch.ops.aten.silu.default).route
+    'decomposed'
+    >>> backend.disable(dev.type)
+    True
+
+Deployments that cannot change code set ``EAGERDECOMP_BACKENDS=mydevice`` (comma
+separated, ``name=opset`` to pick a preset) and :func:`enable_from_env` runs at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Union
+
+import torch
+from torch._C import DispatchKey
+
+from .errors import BackendError, UnsupportedOpError
+from .opset import OpSet, _op_from_name
+from .runtime import Runtime, runtime_for
+
+__all__ = ["enable", "disable", "enabled", "device_opset", "enable_from_env", "DISPATCH_KEYS", "Backend"]
+
+# Device type -> the dispatch key its kernels live under. PrivateUse1 is looked up under
+# its current name too (rename_privateuse1_backend). Add a row to support another key.
+DISPATCH_KEYS = {
+    "privateuseone": "PrivateUse1",
+}
+
+# Composite kernels run for every backend key: an op with one runs on any device.
+# NOTE: not CompositeExplicitAutogradNonFunctional: for structured ops it calls the op's
+# out= variant, which a device lacking the op lacks too (silu on a device runs silu.out).
+_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
+
+
+@dataclass
+class Backend:
+    """One enabled device: its key, the runtime its fallback calls, and the registration."""
+
+    device: str
+    key: str
+    runtime: Runtime
+    settings: tuple
+    library: torch.library.Library  # the fallback
+    composites: torch.library.Library  # the composite ops taken over (see the module docstring)
+    device_ops: OpSet  # the device's own kernels, read before enabling
+    kept_composite: Counter  # calls of taken-over ops that had no path and ran PyTorch's composite
+
+    def report(self):
+        """Per-op :class:`~eagerdecomp.stats.Report` of everything the fallback saw."""
+        return self.runtime.stats.report()
+
+
+_lock = threading.Lock()
+_enabled: dict = {}  # dispatch key -> Backend
+
+
+def _device_type(device) -> str:
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise BackendError(
+            f"unknown device {device!r}: torch does not know it ({e}). Load the device's extension "
+            "(which registers its name) before enabling eagerdecomp for it."
+        ) from None
+
+
+def _dispatch_key(device_type: str) -> str:
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    key = DISPATCH_KEYS.get(device_type)
+    if key is None:
+        supported = sorted({torch._C._get_privateuse1_backend_name(), *DISPATCH_KEYS})
+        raise BackendError(
+            f"device type {device_type!r} has no dispatch key eagerdecomp can take over; expected one of "
+            f"{supported}. Built-in devices (cpu, cuda, ...) already run every op; a new device registers "
+            "as PrivateUse1 (torch.utils.rename_privateuse1_backend), or add a row to backend.DISPATCH_KEYS."
+        )
+    return key
+
+
+@functools.lru_cache(maxsize=None)
+def _overloads(name: str):
+    op = _op_from_name(name if "." in name.partition("::")[2] else name + ".default")
+    return op if isinstance(op, torch._ops.OpOverload) else None
+
+
+def device_opset(device) -> OpSet:
+    """The ops with a kernel registered for ``device``'s dispatch key, read from the dispatcher
+    (eagerdecomp's own registrations excluded while the device is enabled)."""
+    device_type = _device_type(device)
+    key = _dispatch_key(device_type)
+    if key in _enabled:
+        return _enabled[key].device_ops
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    ops = [_overloads(n) for n in torch._C._dispatch_get_all_op_names() if has(n, key)]
+    return OpSet([op for op in ops if op is not None], name=f"{device_type} kernels")
+
+
+def _runnable(op, key: str) -> bool:
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(op.name(), key) or any(has(op.name(), k) for k in _COMPOSITE_KEYS)
+
+
+# Fallback calls nested in one thread (a composite kernel run by a replayed kernel may meet
+# the fallback again); past this depth it is a cycle between the opset and the device.
+MAX_NESTING = 32
+_tls = threading.local()
+
+
+def _fallback_for(runtime: Runtime, device_type: str):
+    ops = runtime.ops
+
+    def fallback(op, *args, **kwargs):
+        # NOTE: an opset op reaching the fallback means the device lacks its kernel; passing
+        # it through would call it again and land here forever. enable() checks this up front.
+        if op in ops:
+            raise BackendError(
+                f"{op}: in the target opset but {device_type!r} has no kernel for it; expected every "
+                "opset op to run on the device. Register its kernel or leave it out of the opset."
+            )
+        stack = getattr(_tls, "stack", None)
+        if stack is None:
+            stack = _tls.stack = []
+        if len(stack) >= MAX_NESTING:
+            chain = " -> ".join(map(str, stack[-6:] + [op]))
+            raise BackendError(
+                f"{op}: the device switch for {device_type!r} re-entered itself {MAX_NESTING} times (... {chain}); "
+                "expected decompositions to reach the device's kernels. An opset op's composite kernel "
+                "probably calls an op whose decomposition calls it back: leave that op out of the opset."
+            )
+        stack.append(op)
+        try:
+            return runtime(op, args, kwargs)
+        finally:
+            stack.pop()
+
+    return fallback
+
+
+def enable(
+    device,
+    opset: Union[str, OpSet, Iterable, None] = None,
+    *,
+    decompositions: Mapping | None = None,
+    on_unsupported: str = "error",
+) -> Backend:
+    """Decompose, on ``device``, every op it has no kernel for; return the :class:`Backend`.
+
+    Args:
+        device: a device type or ``torch.device`` whose backend registered its kernels
+            (``"edref"``, ``torch.device("mydev", 0)``).
+        opset: where decompositions stop. None (default): the ops the device has kernels
+            for (:func:`device_opset`). A preset name, :class:`OpSet` or iterable narrows it;
+            an op in it that the device cannot run raises :class:`BackendError`.
+        decompositions: extra ``{op: fn}`` entries, as for :class:`~eagerdecomp.EagerDecompMode`.
+        on_unsupported: ``"error"`` only: an op the device lacks and eagerdecomp cannot
+            decompose has no native kernel to fall through to on a device.
+
+    Enabling a device twice with the same arguments is a no-op; with other arguments it
+    raises :class:`BackendError` (call :func:`disable` first).
+    """
+    device_type = _device_type(device)
+    key = _dispatch_key(device_type)
+    if on_unsupported != "error":
+        raise BackendError(
+            f"enable({device_type!r}): on_unsupported={on_unsupported!r} is not available for a device; "
+            "expected 'error'. An op that reaches the device switch has no kernel on the device to fall "
+            "through to: register a decomposition for it, or run it on CPU in user code."
+        )
+    settings = (opset if isinstance(opset, (str, type(None))) else OpSet.coerce(opset),
+                tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())))
+    with _lock:
+        current = _enabled.get(key)
+        if current is not None:
+            if current.settings == settings and current.device == device_type:
+                return current
+            raise BackendError(
+                f"enable({device_type!r}): already enabled with other settings; call "
+                f"eagerdecomp.backend.disable({device_type!r}) first"
+            )
+        have = device_opset(device_type)
+        if opset is None:
+            target = have
+        else:
+            target = OpSet.coerce(opset)
+            missing = sorted(str(op) for op in target if not _runnable(op, key))
+            if missing:
+                shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+                raise BackendError(
+                    f"enable({device_type!r}): the opset claims {len(missing)} op(s) the device has no kernel "
+                    f"for: {shown}. Expected every opset op to run on the device; pass opset=None to use "
+                    f"the device's own kernels ({len(have)} ops), or narrow the opset."
+                )
+        runtime = runtime_for(target, decompositions, on_unsupported)
+        kernel = _fallback_for(runtime, device_type)
+        library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
+        library.fallback(kernel, key)
+        composites = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+        kept: Counter = Counter()
+        for op, composite_key in _composites_to_take_over(runtime, have):
+            composites.impl(op, _take_over(kernel, runtime, op, composite_key, kept), key)
+        backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have, kept)
+        return backend
+
+
+def _take_over(kernel, runtime: Runtime, op, composite_key, kept: Counter):
+    def take_over(*args, **kwargs):
+        try:
+            return kernel(op, *args, **kwargs)
+        except UnsupportedOpError as e:
+            if e.op is not op:  # an op further down has no path: its own error stands
+                raise
+            # NOTE: no path to the opset from this op (its decomposition leads to an op with
+            # none): run PyTorch's composite kernel, as the device would without eagerdecomp.
+            # The trace failed over fake tensors, so nothing ran yet. Not an unsupported op.
+            if runtime.stats.unsupported[op] > 0:
+                runtime.stats.unsupported[op] -= 1
+            kept[op] += 1
+            return op._op_dk(composite_key, *args, **kwargs)
+
+    return take_over
+
+
+# NOTE: these keep PyTorch's composite kernel. C++ wraps their results in new Python
+# objects (Parameter(), Tensor._make_subclass, fake tensor conversion detach first), and a
+# tensor returned by a Python kernel already has one: "raw Tensor object is already associated".
+_KEEP_COMPOSITE = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
+_TAKEN_OVER_KEYS = (DispatchKey.CompositeExplicitAutogradNonFunctional, DispatchKey.CompositeExplicitAutograd)
+
+
+def _composites_to_take_over(runtime: Runtime, have: OpSet) -> list:
+    """``(op, composite key)`` for each op outside the opset that a composite kernel would
+    run on the device and that the decomposition table covers (precedence as the dispatcher's)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    out = []
+    for op in runtime.table:
+        if op in runtime.ops or op in have or op.namespace != "aten" or op in _KEEP_COMPOSITE:
+            continue
+        if op.__name__.startswith("_foreach_"):
+            # NOTE: their composite loops over the list calling per-tensor ops (taken over or
+            # the device's own); taken over whole, a list of per-parameter floats (AdamW's step
+            # sizes) is keyed by value and retraced every step, and _foreach_mul has no path.
+            continue
+        for dk in _TAKEN_OVER_KEYS:
+            if has(op.name(), dk.name):
+                out.append((op, dk))
+                break
+    return out
+
+
+def disable(device) -> bool:
+    """Remove eagerdecomp's fallback from ``device``; True if it was enabled, False (no-op) if not."""
+    key = _dispatch_key(_device_type(device))
+    with _lock:
+        backend = _enabled.pop(key, None)
+    if backend is None:
+        return False
+    backend.composites._destroy()
+    backend.library._destroy()
+    return True
+
+
+def enabled(device=None):
+    """The :class:`Backend` for ``device`` (None if not enabled), or all enabled device types."""
+    if device is None:
+        return sorted(b.device for b in _enabled.values())
+    return _enabled.get(_dispatch_key(_device_type(device)))
+
+
+def enable_from_env(value: str | None = None) -> list:
+    """Enable each device named in ``EAGERDECOMP_BACKENDS`` (``"dev1,dev2=core_aten"``).
+
+    ``edref`` loads the reference device first. Returns the enabled :class:`Backend` objects.
+    """
+    value = os.environ.get("EAGERDECOMP_BACKENDS", "") if value is None else value
+    out = []
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        name, _, opset = item.partition("=")
+        if name == "edref":
+            from .refdev import reference_device
+
+            reference_device()
+        out.append(enable(name, opset or None))
+    return out
