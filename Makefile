@@ -39,8 +39,8 @@ bench: install
 
 # the coverage report in the terminal, and as a static page: open coverage.html in a browser
 report: install
-	$(PY) -m eagerdecomp report --summary
-	$(PY) -m eagerdecomp report --format html -o coverage.html
+	$(PY) -m eagerdecomp coverage --summary
+	$(PY) -m eagerdecomp coverage --format html -o coverage.html
 
 clean:
 	rm -rf $(VENV) build *.egg-info eagerdecomp/*.so

@@ -1,13 +1,15 @@
-"""Command line: ``python -m eagerdecomp report ...`` and ``python -m eagerdecomp profile script.py``.
+"""Command line: ``python -m eagerdecomp coverage ...`` and ``python -m eagerdecomp profile script.py``.
+
+``report`` is an alias of ``coverage`` (its name before the coverage tool got its subpackage).
 
 Examples::
 
-    python -m eagerdecomp report --opset core_aten            # every aten overload, and what to implement next
-    python -m eagerdecomp report --opset prims --summary      # counts and the top of "implement next" only
-    python -m eagerdecomp report --opset-file ops.txt --format json -o coverage.json
-    python -m eagerdecomp report --format html -o coverage.html   # the interactive page
-    python -m eagerdecomp report --op gelu                    # the ops whose name contains "gelu"
-    python -m eagerdecomp report --verify                     # check the verdicts against real lowering
+    python -m eagerdecomp coverage --opset core_aten          # every aten overload, and what to implement next
+    python -m eagerdecomp coverage --opset prims --summary    # counts and the top of "implement next" only
+    python -m eagerdecomp coverage --opset-file ops.txt --format json -o coverage.json
+    python -m eagerdecomp coverage --format html -o coverage.html   # the interactive page
+    python -m eagerdecomp coverage --op gelu                  # the ops whose name contains "gelu"
+    python -m eagerdecomp coverage --verify                   # check the verdicts against real lowering
     python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
 """
 
@@ -43,7 +45,7 @@ def _report(args) -> int:
     opset = _opset(args)
     graph = coverage.load_graph(rebuild=args.rebuild)
     if args.format == "html":
-        from .page import render
+        from .coverage.page import render
 
         _write(render(graph, opset), args.output or "coverage.html")
         return 0
@@ -117,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
         p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
-    rep = sub.add_parser("report", help="coverage of every aten overload under an opset")
+    rep = sub.add_parser("coverage", aliases=["report"], help="coverage of every aten overload under an opset")
     opset_args(rep)
     rep.add_argument("--format", default="table", choices=["table", "json", "html"])
     rep.add_argument("--top", type=int, default=10, help="length of the 'implement next' list (default 10)")

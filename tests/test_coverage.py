@@ -161,25 +161,25 @@ def cached(graph, tmp_path, monkeypatch):
 
 
 def test_cli_report_formats(cached, tmp_path, capsys):
-    assert main(["report", "--opset", "core_aten", "--format", "json", "-o", str(tmp_path / "r.json")]) == 0
+    assert main(["coverage", "--opset", "core_aten", "--format", "json", "-o", str(tmp_path / "r.json")]) == 0
     data = json.loads((tmp_path / "r.json").read_text())
     expected = cov.analyse(cached, "core_aten")
     assert data["counts"] == expected.counts()
     assert [(p["op"], p["unlocks"]) for p in data["implement_next"]] == expected.implement_next(10)
-    assert main(["report", "--opset", "prims", "--summary"]) == 0
+    assert main(["report", "--opset", "prims", "--summary"]) == 0  # the verb's old name, an alias
     out = capsys.readouterr().out
     assert out.startswith("prims (") and "Implement next" in out
-    assert main(["report", "--op", "silu.default"]) == 0
+    assert main(["coverage", "--op", "silu.default"]) == 0
     assert "aten.silu.default: reaches" in capsys.readouterr().out
     ops = tmp_path / "ops.txt"
     ops.write_text("# my backend\n" + "\n".join(SMALL) + "\n")
-    assert main(["report", "--opset-file", str(ops), "--format", "json", "-o", str(tmp_path / "s.json")]) == 0
+    assert main(["coverage", "--opset-file", str(ops), "--format", "json", "-o", str(tmp_path / "s.json")]) == 0
     small = json.loads((tmp_path / "s.json").read_text())
     assert small["counts"] == cov.analyse(cached, ed.OpSet(SMALL)).counts()
     (tmp_path / "bad.txt").write_text("aten::mull.Tensor\n")
     assert main(["report", "--opset-file", str(tmp_path / "bad.txt")]) == 2
     assert "did you mean aten::mul.Tensor" in capsys.readouterr().err
-    assert main(["report", "--format", "html", "-o", str(tmp_path / "c.html")]) == 0
+    assert main(["coverage", "--format", "html", "-o", str(tmp_path / "c.html")]) == 0
     html = (tmp_path / "c.html").read_text()
     assert "<script" in html and "http://" not in html.split("<script id=\"data\"")[0] and "aten.silu.default" in html
 

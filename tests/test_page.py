@@ -14,7 +14,7 @@ import pytest
 
 import eagerdecomp as ed
 import eagerdecomp.coverage as cov
-from eagerdecomp.page import render
+from eagerdecomp.coverage.page import render
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 

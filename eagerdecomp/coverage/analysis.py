@@ -1,10 +1,10 @@
 """Coverage: which aten ops reach a given opset through decompositions, and which do not.
 
-Built on the one-level graph of :mod:`eagerdecomp.coverage_graph` (for every op,
+Built on the one-level graph of :mod:`eagerdecomp.coverage.graph` (for every op,
 the ops its decomposition calls directly). For an opset ``S``, an op reaches
 ``S`` when it is in ``S``, or it has a decomposition and every direct child
 reaches ``S``: the least fixpoint, computed with one counter per op (the HTML
-page of :mod:`eagerdecomp.page` runs the same algorithm in JavaScript). An op
+page of :mod:`eagerdecomp.coverage.page` runs the same algorithm in JavaScript). An op
 that does not reach it has *no path* (the chain down to the op that blocks it is
 named) or is *undetermined* (an op on the way could not be lowered on any
 sample input; the reason is given, never guessed).
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 
-from .coverage_graph import Graph, build_graph, cache_path, flavour_of, load_graph, name, save_graph, verify
-from .opset import OpSet
+from .graph import Graph, build_graph, cache_path, flavour_of, load_graph, name, save_graph, verify
+from ..opset import OpSet
 
 __all__ = [
     "Row",
@@ -34,7 +34,7 @@ __all__ = [
     "analyse",
     "check",
     "STATUSES",
-    # the graph, from coverage_graph
+    # the graph, from coverage.graph
     "Graph",
     "build_graph",
     "load_graph",

@@ -33,7 +33,7 @@ arguments (a segfault, a SIGFPE), so :mod:`eagerdecomp.coverage` calls
 Example::
 
     >>> import torch
-    >>> from eagerdecomp.coverage_inputs import Pool, samples_for
+    >>> from eagerdecomp.coverage.inputs import Pool, samples_for
     >>> pool = Pool.from_opinfo([torch.ops.aten.hardswish.default], names={"nn.functional.hardswish"})
     >>> found, why_none = samples_for(torch.ops.aten.hardswish.default, pool)
     >>> found[0].source, why_none
@@ -54,7 +54,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorExc
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .variants import functional_variant
+from ..variants import functional_variant
 
 __all__ = ["Sample", "Pool", "samples_for", "fake_args", "quiet", "snapshot", "PER_OP"]
 

@@ -4,7 +4,7 @@ One graph per table flavour (aten-based tables for aten opsets, refs-based ones
 when the opset holds prims; see :func:`eagerdecomp.table.default_table`): for
 every op, the ops its decomposition calls *directly* when none of them is
 lowered further. It is found by lowering the op on concrete sample inputs
-(:mod:`eagerdecomp.coverage_inputs`) with the project's own
+(:mod:`eagerdecomp.coverage.inputs`) with the project's own
 :class:`~eagerdecomp.lower.Lowerer`, told that every op but this one is served:
 decompositions are bus stops, and these are the first stops. An op without a
 sample, or whose decomposition raised on every sample, is *undetermined*, with
@@ -12,12 +12,13 @@ the reason: never guessed.
 
 Building takes minutes (every OpInfo sample runs, and meta kernels can crash the
 process on guessed arguments, so ops are analysed in forked workers of a fresh
-process); the graph is cached under ``~/.cache/eagerdecomp`` keyed by the torch
-version, the code that builds it and the decomposition tables.
+process: :mod:`eagerdecomp.coverage.workers`); the graph is cached under
+``cache_dir("coverage")`` (:mod:`eagerdecomp.paths`) keyed by the torch version, the
+code that builds it and the decomposition tables.
 
 Example::
 
-    >>> from eagerdecomp.coverage_graph import load_graph
+    >>> from eagerdecomp.coverage.graph import load_graph
     >>> graph = load_graph()                                   # doctest: +SKIP
     >>> graph.nodes("aten")["aten.silu.default"]["children"]   # doctest: +SKIP
     ['aten.mul.Tensor', 'aten.sigmoid.default']
@@ -28,18 +29,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from .errors import EagerDecompError
-from .opset import OpSet, _all_overloads
+from ..opset import OpSet, _all_overloads
+from ..paths import cache_dir
+from .workers import run_job
 
 __all__ = [
     "Node",
@@ -85,7 +84,7 @@ def _tables() -> dict:
     """The default table of each flavour, before any opset op is dropped from it."""
     import torch._prims  # noqa: F401
 
-    from .table import default_table
+    from ..table import default_table
 
     # NOTE: default_table drops opset ops from the table; an empty aten opset and a one-op
     # prims opset (no prims op is a table key) select a flavour and drop nothing.
@@ -112,7 +111,7 @@ class _AllBut:
 
 
 def _via(op, table) -> str:
-    from .lower import _IDENTITY, is_infrastructure
+    from ..lower import _IDENTITY, is_infrastructure
 
     if is_infrastructure(op):
         return "infrastructure"
@@ -139,8 +138,8 @@ def one_level(op, samples, table) -> tuple:
     them (``{child: [(args, kwargs)]}``, a few per child: samples for the children)."""
     from torch.utils._pytree import tree_map
 
-    from .coverage_inputs import _signature, quiet, snapshot
-    from .lower import Lowerer, Stuck, is_infrastructure
+    from .inputs import _signature, quiet, snapshot
+    from ..lower import Lowerer, Stuck, is_infrastructure
 
     via = _via(op, table)
     if via == "infrastructure":
@@ -198,67 +197,10 @@ CALLS_PER_CHILD = 2
 MAX_ROUNDS = 6
 
 
-# -- crash-guarded workers ------------------------------------------------------------------------
-
-def _guarded_map(fn, items: list, workers: int, progress=None) -> dict:
-    """``{item: fn(item)}``, computed in forked workers; an item whose call kills its worker
-    maps to ``None`` and the rest of that worker's share goes on in a fresh fork."""
-    results: dict = {}
-    pending = list(items)
-    total = len(items)
-    while pending:
-        shares = [pending[i::workers] for i in range(workers)]
-        running = []
-        for share in filter(None, shares):
-            fd, path = tempfile.mkstemp(prefix="eagerdecomp-cov-")
-            os.close(fd)
-            pid = os.fork()
-            if pid == 0:  # the worker: one record before and one after each item
-                code = 0
-                try:
-                    with open(path, "ab", buffering=0) as out:
-                        for i, item in enumerate(share):
-                            out.write(pickle.dumps(("start", i)))
-                            try:
-                                result = fn(item)
-                            except Exception as e:  # noqa: BLE001
-                                result = e
-                            out.write(pickle.dumps(("done", i, result)))
-                except BaseException:  # noqa: BLE001
-                    code = 1
-                finally:
-                    os._exit(code)
-            running.append((pid, path, share))
-        pending = []
-        for pid, path, share in running:
-            os.waitpid(pid, 0)
-            started, done = -1, set()
-            with open(path, "rb") as f:
-                while True:
-                    try:
-                        record = pickle.load(f)
-                    except EOFError:
-                        break
-                    except Exception:  # noqa: BLE001 - a record cut short by the crash
-                        break
-                    if record[0] == "start":
-                        started = record[1]
-                    else:
-                        done.add(record[1])
-                        results[share[record[1]]] = record[2]
-            os.unlink(path)
-            if started >= 0 and started not in done:
-                results[share[started]] = None  # it took the worker down
-            pending += [item for i, item in enumerate(share) if i > started and i not in done]
-            if progress:
-                progress(f"analysed {len(results)}/{total} ops")
-    return results
-
-
 # -- building the graph (in a fresh process: see _serve) -------------------------------------------
 
 def _analyse_op(op, pool, tables) -> tuple:
-    from .coverage_inputs import samples_for
+    from .inputs import samples_for
 
     needs_samples = any(_via(op, t) not in ("", "infrastructure", "returns its argument") for t in tables.values())
     samples, why_none = samples_for(op, pool) if needs_samples else ([], None)
@@ -274,7 +216,8 @@ def _analyse_op(op, pool, tables) -> tuple:
 
 
 def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
-    from .coverage_inputs import Pool
+    from .inputs import Pool
+    from .workers import guarded_map
 
     torch.set_num_threads(1)  # forked workers must not inherit an OpenMP pool
     tables = _tables()
@@ -284,7 +227,7 @@ def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
     graph = {flavour: {} for flavour in tables}
     todo = list(ops)
     for _ in range(MAX_ROUNDS):
-        results = _guarded_map(lambda op: _analyse_op(op, pool, tables), todo, workers, progress)
+        results = guarded_map(lambda op: _analyse_op(op, pool, tables), todo, workers, progress)
         fresh: dict = {}
         for op, result in results.items():
             if result is None or isinstance(result, Exception):
@@ -314,7 +257,7 @@ def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
 
 
 def _resolve(op_name: str):
-    from .opset import _op_from_name
+    from ..opset import _op_from_name
 
     return _op_from_name(op_name)
 
@@ -344,35 +287,18 @@ def _serve() -> None:
 
 
 def _resolve_all(op_name):
-    from .opset import resolve_op
+    from ..opset import resolve_op
 
     return resolve_op(op_name)
 
 
-def _run_job(job: dict, quiet: bool = False) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        proc = subprocess.run(
-            [sys.executable, "-c", "from eagerdecomp.coverage_graph import _serve; _serve()", json.dumps(job), out],
-            env=env,
-            stderr=subprocess.PIPE if quiet else None,
-            text=True,
-        )
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stderr or "")[-2000:] if quiet else "(see the output above)"
-            raise EagerDecompError(f"building the coverage graph failed (exit code {proc.returncode}): {tail}")
-        with open(out) as f:
-            return json.load(f)
-
-
 # the modules whose code decides the graph: a change to any of them rebuilds it
-_GRAPH_SOURCES = ("coverage_graph.py", "coverage_inputs.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
+_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
 
 
 def _fingerprint(tables: dict) -> str:
     h = hashlib.sha256(torch.__version__.encode())
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent  # the package: sources are named from there
     for path in _GRAPH_SOURCES:
         h.update(path.encode() + (here / path).read_bytes())
     for flavour, table in sorted(tables.items()):
@@ -380,10 +306,6 @@ def _fingerprint(tables: dict) -> str:
         for op in sorted(table, key=str):
             h.update(f"{op}={_via(op, table)}".encode())
     return h.hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("EAGERDECOMP_CACHE_DIR") or Path.home() / ".cache" / "eagerdecomp")
 
 
 def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = False) -> "Graph":
@@ -394,7 +316,7 @@ def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = Fal
     job = {"kind": "graph", "ops": None if ops is None else [name(o) if not isinstance(o, str) else o for o in ops],
            "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
     t0 = time.perf_counter()
-    flavours = _run_job(job, quiet)
+    flavours = run_job(job, quiet)
     return Graph(flavours, build_seconds=time.perf_counter() - t0)
 
 
@@ -415,7 +337,7 @@ def load_graph(rebuild: bool = False, quiet: bool = False) -> "Graph":
 
 def cache_path() -> Path:
     """Where :func:`load_graph` keeps the graph for this torch and these sources."""
-    return cache_dir() / f"coverage-torch{torch.__version__}-{_fingerprint(_tables())}.json"
+    return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{_fingerprint(_tables())}.json"
 
 
 def save_graph(graph: "Graph", path=None) -> None:
@@ -449,8 +371,8 @@ class Graph:
 def _verify_op(op, pool, opset, table) -> dict:
     from torch.utils._pytree import tree_map
 
-    from .coverage_inputs import quiet, samples_for, snapshot
-    from .lower import Lowerer, Stuck, is_infrastructure
+    from .inputs import quiet, samples_for, snapshot
+    from ..lower import Lowerer, Stuck, is_infrastructure
 
     samples, _ = samples_for(op, pool)
     leaves, ok, stuck, failed = set(), 0, [], []
@@ -473,8 +395,9 @@ def _verify_op(op, pool, opset, table) -> dict:
 
 
 def _verify(ops, opsets, opinfo_names, workers, progress) -> list:
-    from .coverage_inputs import Pool
-    from .table import default_table
+    from ..table import default_table
+    from .inputs import Pool
+    from .workers import guarded_map
 
     torch.set_num_threads(1)
     pool = Pool.from_opinfo(ops, names=opinfo_names)
@@ -482,7 +405,7 @@ def _verify(ops, opsets, opinfo_names, workers, progress) -> list:
     for spec in opsets:
         opset = OpSet.coerce(spec)
         table = default_table(opset)
-        results = _guarded_map(lambda op: _verify_op(op, pool, opset, table), ops, workers, progress)
+        results = guarded_map(lambda op: _verify_op(op, pool, opset, table), ops, workers, progress)
         out.append({name(op): (r if isinstance(r, dict) else None) for op, r in results.items()})
     return out
 
@@ -494,4 +417,4 @@ def verify(opsets, ops, opinfo_names=None, workers: int = 2, quiet: bool = True)
     specs = [o if isinstance(o, str) else [n if isinstance(n, str) else name(n) for n in OpSet.coerce(o).ops] for o in opsets]
     job = {"kind": "verify", "opsets": specs, "ops": [o if isinstance(o, str) else name(o) for o in ops],
            "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
-    return _run_job(job, quiet)
+    return run_job(job, quiet)

@@ -10,7 +10,7 @@ they agree).
 
 Example::
 
-    >>> import eagerdecomp.coverage as cov, eagerdecomp.page as page
+    >>> import eagerdecomp.coverage as cov, eagerdecomp.coverage.page as page
     >>> html = page.render(cov.load_graph(), "core_aten")     # doctest: +SKIP
     >>> open("coverage.html", "w").write(html)                # doctest: +SKIP
 """
@@ -22,8 +22,8 @@ import json
 
 import torch
 
-from .coverage_graph import NODE_KINDS, Graph, _resolve
-from .opset import RUNTIME_EXTRAS, OpSet, PRESETS
+from .graph import NODE_KINDS, Graph, _resolve
+from ..opset import RUNTIME_EXTRAS, OpSet, PRESETS
 
 __all__ = ["render", "page_data", "GROUPS"]
 
