@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from .overlap import guard
 from .registry import project_decomposition
 from .variants import resize_out
 
@@ -501,6 +502,7 @@ def max_unpool2d(self, indices, output_size):
 # (channels-last inputs give a channels-last out); the generic out rule resizes contiguous.
 @project_decomposition(aten.cat.out)
 def cat_out(tensors, dim=0, *, out):
+    guard(aten.cat.out, aten.cat.default, out, [tensors])
     result = aten.cat.default(tensors, dim)
     if out.shape != result.shape:
         resize_out(out, result.shape)

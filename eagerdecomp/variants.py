@@ -14,6 +14,8 @@ import warnings
 
 import torch
 
+from .overlap import guard
+
 __all__ = ["functional_variant", "variant_table", "foreach_table", "resize_out", "ResizeOutputWarning", "with_defaults"]
 
 
@@ -74,6 +76,7 @@ def _check_cast(op, result, dest) -> None:
 
 
 def _inplace(op, functional, self, *args, **kwargs):
+    guard(op, functional, self, [args, list(kwargs.values())])
     args, kwargs = with_defaults(op, (self, *args), kwargs)
     result = functional(*args, **kwargs)
     if isinstance(self, list):  # _foreach_add_ and friends: one write per tensor, returns ()
@@ -109,6 +112,7 @@ def resize_out(out, shape) -> None:
 
 def _out(op, functional, *args, **kwargs):
     outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+    guard(op, functional, outs, [args, list(kwargs.values())])
     args, kwargs = with_defaults(op, args, kwargs)
     result = functional(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)

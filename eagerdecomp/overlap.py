@@ -1,0 +1,173 @@
+"""Memory-overlap rules of in-place and out= calls: refuse what eager refuses.
+
+Eager's kernels check that the tensor they write does not overlap itself
+(an expanded tensor: ``x[:1].expand(5).add_(1)``) nor, partially, one of their
+inputs (``torch.add(x[:-1], 10, out=x[1:])``); some refuse any overlap with an
+input, a full alias included (``index_select``, ``cat``, ``scatter_``). The
+decomposed path computes a fresh result and copies it in, so it would answer
+silently where eager raises. :func:`guard` applies the same checks, with
+eager's messages, before anything is written.
+
+The rules follow ATen's MemoryOverlap.cpp: internal overlap is a zero stride
+over a dimension of size > 1 in a tensor that is not non-overlapping-and-dense;
+two tensors overlap partially when they share a storage, are both
+non-overlapping-and-dense, and their byte ranges intersect without being the
+same range with the same strides (anything else is "too hard" and not refused).
+
+NOTE: the cache key records tensor metadata and which arguments are the same
+object, not which share a storage, so a kernel traced for ``add(a, 1, out=b)``
+would also serve ``add(x[:-1], 1, out=x[1:])``. While tracing, :func:`guard`
+therefore records its check into the kernel as a node (a plain function call,
+no op: no backend sees it), and replay checks the real tensors on every call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch.multiprocessing.reductions import StorageWeakRef
+
+__all__ = ["guard", "check", "rules_for"]
+
+INTERNAL = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+    "location. Please clone() the tensor before performing the operation."
+)
+PARTIAL = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+
+# NOTE: which checks eager's CPU kernels make, measured per overload (torch 2.13) by calling
+# each in-place/out= op with an output that overlaps an input partially, fully, and itself.
+# Pointwise ops (TensorIterator) refuse internal and partial overlap and are the default for
+# any op tagged pointwise; the table lists the overloads that differ. Unlisted non-pointwise
+# ops are not checked (their kernels mostly are not either: sum, mm, softmax accept overlap).
+_MEASURED = {
+    ("internal", "partial"): """
+        _add_relu.out _add_relu_.Tensor absolute.out addmm.out arccos.out arccosh.out arcsin.out
+        arcsinh.out arctan.out arctan2.out arctan2_.default arctanh.out bernoulli.out
+        bernoulli_.Tensor binary_cross_entropy.out copy_.default cumprod.out cumsum.out divide.out
+        divide_.Tensor fix.out floor_divide.out floor_divide_.Tensor greater.Tensor_out
+        greater_.Tensor greater_equal.Tensor_out greater_equal_.Tensor hardswish.out huber_loss.out
+        less.Tensor_out less_.Tensor less_equal.Tensor_out less_equal_.Tensor lift.out
+        logcumsumexp.out max.dim_max mse_loss.out msort.out multiply.out multiply_.Tensor
+        negative.out normal.Tensor_Tensor_out normal.Tensor_float_out not_equal.Tensor_out
+        not_equal_.Tensor set.source_Tensor_out smooth_l1_loss.out soft_margin_loss.out sort.values
+        special_digamma.out special_erf.out special_erfc.out special_erfinv.out special_exp2.out
+        special_expit.out special_expm1.out special_gammainc.out special_gammaincc.out
+        special_gammaln.out special_i0.out special_log1p.out special_logit.out special_psi.out
+        special_round.out special_sinc.out special_xlogy.out subtract.out subtract_.Tensor
+        topk.values
+    """,
+    ("internal",): """
+        _conj_physical.out _dirichlet_grad.out _neg_view_copy.out _sample_dirichlet.out
+        _standard_gamma.out _standard_gamma_grad.out absolute_.default alias_copy.out
+        arccos_.default arccosh_.default arcsin_.default arcsinh_.default arctan_.default
+        arctanh_.default bernoulli.Tensor_out bernoulli.float_out bernoulli_.float binomial.out
+        cauchy.out cauchy_.default celu.out clone.out copy.out detach_copy.out exponential.out
+        exponential_.default fill_.Tensor fix_.default flip.out hardswish_.default
+        hardswish_backward.out ldexp_.default lift_fresh_copy.out log_normal.out
+        log_normal_.default log_sigmoid.out masked_fill.Scalar_out masked_scatter_.default mean.out
+        mm.out nanquantile.out negative_.default poisson.out quantile.out random.out
+        random_.default relu.out resize_as.out roll.out rsub.Tensor_out slice_copy.Tensor_out
+        slice_scatter.out special_ndtr.out squeeze_copy.out t_copy.out uniform.out
+        uniform_.default zero.out
+    """,
+    ("any", "internal", "partial"): """
+        addr.out cat.out diff.out gather.out ger.out index_add.out index_add_.default
+        index_copy_.default index_select.out kron.out outer.out scatter.src_out scatter_.src
+        scatter_add_.default stack.out take_along_dim.out
+    """,
+    ("any", "partial"): "index_put_.default",
+    (): "conj_physical_.default masked_fill_.Scalar",
+}
+_TABLE = {name: frozenset(rules) for rules, names in _MEASURED.items() for name in names.split()}
+_POINTWISE = frozenset({"internal", "partial"})
+
+
+def rules_for(op, functional) -> frozenset:
+    """The checks eager makes for ``op`` (an in-place or out= overload)."""
+    name = f"{op._schema.name.split('::')[-1]}.{op._overloadname}"
+    if name in _TABLE:
+        return _TABLE[name]
+    return _POINTWISE if torch.Tag.pointwise in functional.tags else frozenset()
+
+
+def _dense(t) -> bool:
+    return is_non_overlapping_and_dense_or_false(t)
+
+
+def _internal(t) -> bool:
+    return not _dense(t) and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
+def _status(a, b) -> str:
+    """``"full"``, ``"partial"`` or ``"no"`` (``"no"`` also where ATen says "too hard")."""
+    if a is b:
+        return "full"
+    if a.numel() == 0 or b.numel() == 0 or not (_dense(a) and _dense(b)):
+        return "no"
+    if StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
+        return "no"
+    a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
+    if (a0, a1) == (b0, b1):
+        return "full" if a.stride() == b.stride() else "partial"
+    return "partial" if a0 < b1 and b0 < a1 else "no"
+
+
+def check(rules, dests, inputs) -> None:
+    """Raise eager's RuntimeError where writing ``dests`` breaks one of ``rules``."""
+    for d in dests:
+        if "internal" in rules and _internal(d):
+            raise RuntimeError(INTERNAL)
+        for t in inputs:
+            status = _status(d, t)
+            if status == "partial" and ("partial" in rules or "any" in rules):
+                raise RuntimeError(PARTIAL)
+            if status == "full" and "any" in rules:
+                raise RuntimeError(PARTIAL)
+
+
+def _tensors(x, out: list) -> list:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    return out
+
+
+def _tracing_emitter():
+    """The trace's emitter if a kernel is being traced right now, else None."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from .lower import Lowerer
+    from .trace import _Emitter
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, Lowerer):
+            return mode.emit if isinstance(mode.emit, _Emitter) else None
+    return None
+
+
+def _replay_check(rules, dests, inputs):
+    check(rules, dests, inputs)
+
+
+def guard(op, functional, dests, inputs) -> None:
+    """Check an in-place/out= call of ``op`` writing ``dests`` (tensors, or lists of them) and
+    reading ``inputs`` (arguments: every tensor in them, lists included)."""
+    rules = rules_for(op, functional)
+    if not rules:
+        return
+    dests = _tensors(dests, [])
+    inputs = _tensors(inputs, [])
+    check(rules, dests, inputs)
+    if not inputs or not ({"partial", "any"} & rules):
+        return  # internal overlap depends on strides alone, which the cache key holds
+    emitter = _tracing_emitter()
+    if emitter is not None and all(id(t) in emitter.env for t in dests + inputs):
+        nodes = [emitter.node(t) for t in dests], [emitter.node(t) for t in inputs]
+        emitter.graph.call_function(_replay_check, (tuple(sorted(rules)), *nodes))
