@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 
 import torch
 
@@ -57,59 +56,6 @@ def where_scalar_self(condition, self, other):
 @project_decomposition(aten.where.Scalar)
 def where_scalar(condition, self, other):
     return _where_scalars(condition, self, other)
-
-
-def _attention_scores(query, key, attn_mask, is_causal, scale):
-    """Scaled, masked scores in the accumulation dtype (float32 for half types, as the CPU kernel)."""
-    acc = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    q, k = query.to(acc), key.to(acc)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    L, S = scores.shape[-2], scores.shape[-1]
-    if is_causal:
-        keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
-        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
-        else:
-            scores = scores + attn_mask.to(acc)
-    return scores, scale
-
-
-# NOTE: PyTorch's decomposition of the CPU flash-attention forward returns the attention
-# matrix [B, H, L, S] as its second output where the kernel returns the logsumexp
-# [B, H, L] (caught by trace's check against the meta kernel). Autograd saves that
-# output for the backward below, so it must be the real logsumexp.
-@project_decomposition(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if dropout_p != 0.0:
-        return NotImplemented
-    scores, _ = _attention_scores(query, key, attn_mask, is_causal, scale)
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1))
-    out = torch.matmul(probs, value.to(probs.dtype)).to(query.dtype)
-    return out, lse
-
-
-# NOTE: no decomposition in PyTorch; training any nn.MultiheadAttention or
-# scaled_dot_product_attention model on CPU meets it. Standard attention backward,
-# recomputing the probabilities from the saved logsumexp.
-@project_decomposition(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
-    if dropout_p != 0.0:
-        return NotImplemented
-    scores, scale = _attention_scores(query, key, attn_mask, is_causal, scale)
-    acc = scores.dtype
-    probs = torch.exp(scores - logsumexp.to(acc).unsqueeze(-1))
-    g, v = grad_out.to(acc), value.to(acc)
-    grad_v = torch.matmul(probs.transpose(-2, -1), g)
-    grad_p = torch.matmul(g, v.transpose(-2, -1))
-    delta = (g * out.to(acc)).sum(dim=-1, keepdim=True)
-    grad_s = probs * (grad_p - delta)
-    grad_q = torch.matmul(grad_s, key.to(acc)) * scale
-    grad_k = torch.matmul(grad_s.transpose(-2, -1), query.to(acc)) * scale
-    return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
 
 
 # NOTE: the full reductions x.max() / x.min() have no decomposition in PyTorch;
