@@ -43,7 +43,8 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .errors import UnsupportedOpError
-from .lower import Lowerer, Stuck, is_infrastructure
+from . import routes
+from .lower import Lowerer, Stuck
 from .opset import OpSet
 from .runtime import runtime_for
 
@@ -66,12 +67,13 @@ _SHAPE_NODES = {
 }
 
 
-def _is_allowed(target, opset: OpSet) -> bool:
+def _is_allowed(target, opset: OpSet, table=None) -> bool:
     if not isinstance(target, OpOverload):
         # operator.getitem on multi-output nodes, operator.mul/torch.sym_* on SymInts:
         # Python arithmetic on sizes, not ops that reach a backend.
         return target is operator.getitem or not isinstance(target, torch._ops.OperatorBase)
-    return target in opset or target in _SHAPE_NODES or is_infrastructure(target)
+    # NOTE: collectives and opaque custom kernels stay in the graph, as in eager (routes.py)
+    return target in opset or target in _SHAPE_NODES or routes.passes_through(target, table)
 
 
 @dataclass
@@ -172,6 +174,7 @@ class EagerDecompBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs):
         from torch._dynamo.backends.common import aot_autograd
 
+        self._add_custom_ops(gm)
         aot = aot_autograd(
             fw_compiler=functools.partial(self._finish, "forward"),
             bw_compiler=functools.partial(self._finish, "backward"),
@@ -179,6 +182,21 @@ class EagerDecompBackend:
             decompositions=self._aot_table,
         )
         return aot(gm, example_inputs, **kwargs)
+
+    def _add_custom_ops(self, gm: fx.GraphModule) -> None:
+        # NOTE: custom ops with a Python implementation are decomposed through it, as in eager
+        # (routes.py); they are found per graph, since they may be defined after this backend.
+        for node in gm.graph.nodes:
+            target = node.target
+            if node.op != "call_function" or not isinstance(target, (OpOverload, torch._ops.OpOverloadPacket)):
+                continue
+            overloads = [target] if isinstance(target, OpOverload) else [getattr(target, n) for n in target.overloads()]
+            for op in overloads:
+                if op in self._aot_table or op in self.opset:
+                    continue
+                route = routes.custom_route(op, self.table)
+                if route is not None and route.name == routes.CUSTOM_IMPL:
+                    self._aot_table[op] = functools.partial(_lower, op, self.opset, self.table)
 
     def _finish(self, kind: str, gm: fx.GraphModule, example_inputs):
         from torch._functorch.aot_autograd import make_boxed_func
@@ -197,7 +215,7 @@ class EagerDecompBackend:
     def validate(self, gm: fx.GraphModule) -> None:
         """Raise :class:`UnsupportedOpError` naming the first op node outside the opset."""
         for node in gm.graph.nodes:
-            if node.op == "call_function" and not _is_allowed(node.target, self.opset):
+            if node.op == "call_function" and not _is_allowed(node.target, self.opset, self.table):
                 raise UnsupportedOpError(
                     node.target,
                     (node.target,),
@@ -213,7 +231,7 @@ class EagerDecompBackend:
 
     def outside_opset(self) -> list:
         """Op nodes of the produced graphs that are not in the opset (empty unless validation is bypassed)."""
-        return sorted(str(op) for op in self.ops() if not _is_allowed(op, self.opset))
+        return sorted(str(op) for op in self.ops() if not _is_allowed(op, self.opset, self.table))
 
     def __repr__(self) -> str:
         return f"EagerDecompBackend({self.opset!r}, compiler={self.compiler!r}, graphs={len(self.graphs)})"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import routes
+from .routes import is_infrastructure  # noqa: F401 - re-exported
 from .variants import functional_variant
 
 __all__ = ["Lowerer", "Stuck"]
@@ -29,17 +31,9 @@ _IDENTITY = {aten.lift_fresh.default}
 
 
 
-# Namespaces of ops that compute nothing a backend runs: they pass through as they
-# are and are never recorded into a kernel.
-INFRA_NAMESPACES = {
-    "prim": "TorchScript metadata queries (prim::device, prim::dtype) made by decompositions",
-    "profiler": "torch.profiler bookkeeping (record_function enter/exit), e.g. around optimizer steps",
-}
-
-
-def is_infrastructure(func) -> bool:
-    """True for ops of :data:`INFRA_NAMESPACES`."""
-    return func.namespace in INFRA_NAMESPACES
+# NOTE: which non-ATen ops pass through (infrastructure, collectives, opaque custom
+# kernels) and which custom ops run their own implementation is decided in routes.py;
+# is_infrastructure stays importable from here for older callers.
 
 
 class Stuck(Exception):
@@ -64,8 +58,14 @@ class Lowerer(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in self.opset:
             return self.emit(func, args, kwargs)
-        if is_infrastructure(func):
-            return func(*args, **kwargs)
+        route = routes.custom_route(func, self.table)
+        if route is not None:
+            if route.name == routes.INFRASTRUCTURE:
+                return func(*args, **kwargs)
+            if route.name != routes.CUSTOM_IMPL:
+                # NOTE: collectives and opaque custom kernels met inside a decomposition are
+                # kept as calls, like opset ops: the process group or the user's kernel runs them
+                return self.emit(func, args, kwargs)
         return self.lower(func, args, kwargs)
 
     def lower(self, func, args, kwargs):
@@ -77,7 +77,7 @@ class Lowerer(TorchDispatchMode):
             raise Stuck(chain + [func], "decomposition cycle")
         chain.append(func)
         try:
-            fn = self.table.get(func)
+            fn = self.table.get(func) or routes.implementation(func, args, kwargs)
             if fn is None and torch.Tag.inplace_view in func.tags:
                 return self._inplace_view(func, args, kwargs)
             if fn is not None:

@@ -20,7 +20,7 @@ from collections import Counter
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .lower import is_infrastructure
+from .routes import is_communication, is_infrastructure
 from .opset import OpSet
 
 __all__ = ["RecordingMode", "reference_device"]
@@ -38,10 +38,17 @@ class RecordingMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def outside(self, opset) -> list:
-        """Ops seen that are not in ``opset`` (infrastructure namespaces such as ``prim::`` and
-        ``profiler::`` excepted: see :data:`eagerdecomp.lower.INFRA_NAMESPACES`)."""
+        """Ops seen that are not in ``opset``; infrastructure (``prim::``, ``profiler::``) and
+        collectives (``c10d::``, ``_c10d_functional::`` ...), which the process group's backend
+        runs, excepted: see :data:`eagerdecomp.routes.NAMESPACES`."""
         opset = OpSet.coerce(opset)
-        return sorted(str(op) for op in self.ops if op not in opset and not is_infrastructure(op))
+        return sorted(
+            str(op) for op in self.ops if op not in opset and not is_infrastructure(op) and not is_communication(op)
+        )
+
+    def collectives(self) -> list:
+        """The collectives seen (they pass through the mode untouched)."""
+        return sorted(str(op) for op in self.ops if is_communication(op))
 
     def assert_only(self, opset) -> None:
         bad = self.outside(opset)
