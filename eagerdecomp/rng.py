@@ -235,3 +235,12 @@ def bernoulli_tensor(self, p, *, generator=None):
     acc = torch.float64 if p.dtype == torch.float64 else torch.float32
     u = _draw(aten.rand.default, self, acc)
     return aten._to_copy.default(aten.lt.Tensor(u, p), dtype=self.dtype)
+
+
+@project_decomposition(aten.randperm.out)
+def randperm_out(n, *, out):
+    # NOTE: no functional twin of this signature (randperm takes dtype=, out= gives it): the
+    # core randperm in out's dtype draws the same numbers the out= kernel does
+    result = aten.randperm.default(n, dtype=out.dtype, device=out.device)
+    resize_out(out, result.shape)
+    return aten.copy_.default(out, result)

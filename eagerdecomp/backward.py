@@ -1,0 +1,111 @@
+"""Backward ops with no decomposition in PyTorch's tables, each the transpose of its forward.
+
+Checked against autograd of the native forward (tests/test_fills.py) and by the
+conformance suite's float64 gradients. Sums run in the opmath dtype (float32 for
+16-bit floats) as the CPU kernels do, so results agree to rounding, not bitwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+
+from .registry import project_decomposition
+
+aten = torch.ops.aten
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _acc(dtype):
+    return torch.float32 if dtype in _REDUCED else dtype
+
+
+def _to(t, dtype):
+    return t if t.dtype == dtype else aten._to_copy.default(t, dtype=dtype)
+
+
+# NOTE: weight_norm (wav2vec2's positional convolution, older vision models) saves v, g and
+# the norms of v over every dimension but `dim`; w = g * v / ||v||. Its backward is the
+# derivative of that map: grad_g = <grad_w, v> / ||v||, grad_v = g / ||v|| * (grad_w - v <grad_w, v> / ||v||^2).
+@project_decomposition(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    acc = _acc(saved_v.dtype)
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    gw, v, g, norms = (_to(t, acc) for t in (grad_w, saved_v, saved_g, saved_norms))
+    norms = aten.view.default(norms, list(g.shape))
+    dot = aten.sum.dim_IntList(aten.mul.Tensor(gw, v), dims, True) if dims else aten.mul.Tensor(gw, v)
+    grad_g = aten.div.Tensor(dot, norms)
+    scaled = aten.div.Tensor(aten.mul.Tensor(v, dot), aten.mul.Tensor(norms, norms))
+    grad_v = aten.mul.Tensor(aten.div.Tensor(g, norms), aten.sub.Tensor(gw, scaled))
+    return _to(grad_v, saved_v.dtype), _to(grad_g, saved_g.dtype)
+
+
+# NOTE: EmbeddingBag(mode="sum") with per_sample_weights (recommendation models): the
+# gradient of each weight is the dot product of its bag's output gradient with the
+# embedding row it scaled; padding_idx rows get 0. Eager refuses other modes.
+@project_decomposition(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    if mode != 0:
+        raise RuntimeError("embedding_bag_backward: per_sample_weights only supported for mode='sum'")
+    acc = _acc(grad.dtype)
+    n = indices.shape[0]
+    if offset2bag.shape[0] != n:  # the CPU forward's fast sum path leaves it empty: rebuild it
+        ones = aten.full.default([offsets.shape[0]], 1, dtype=torch.int64, device=indices.device)
+        marks = aten.full.default([n + 1], 0, dtype=torch.int64, device=indices.device)
+        marks = aten.index_put.default(marks, [aten.clamp.default(offsets, None, n)], ones, True)
+        offset2bag = aten.sub.Tensor(aten.cumsum.default(aten.slice.Tensor(marks, 0, 0, n), 0), 1)
+    rows = aten.index.Tensor(_to(weight, acc), [indices])
+    bags = aten.index.Tensor(_to(grad, acc), [offset2bag])
+    out = aten.sum.dim_IntList(aten.mul.Tensor(rows, bags), [1])
+    if padding_idx >= 0:
+        zero = aten.scalar_tensor.default(0, dtype=acc, device=grad.device)
+        out = aten.where.self(aten.eq.Scalar(indices, padding_idx), zero, out)
+    return _to(out, grad.dtype)
+
+
+# NOTE: bicubic upsampling (vision transformers resizing position embeddings, image
+# models) has a decomposed forward but no backward. Each output gradient goes back to the
+# 4x4 input taps it was blended from (indices clamped to the border, as the forward reads
+# them), weighted by the cubic convolution coefficients (A = -0.75) of the CPU kernel.
+_A = -0.75
+
+
+def _cubic_weights(t):
+    def near(x):  # |x| <= 1
+        return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(x, _A + 2), _A + 3), x), x), 1)
+
+    def far(x):  # 1 < |x| < 2
+        inner = aten.add.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(x, _A), 5 * _A), x), 8 * _A)
+        return aten.sub.Tensor(aten.mul.Tensor(inner, x), 4 * _A)
+
+    one = aten.rsub.Scalar(t, 1.0)
+    return [far(aten.add.Tensor(t, 1.0)), near(t), near(one), far(aten.add.Tensor(one, 1.0))]
+
+
+def _cubic_source(in_size, out_size, align_corners, scale, dtype, device):
+    if align_corners:
+        step = (in_size - 1.0) / (out_size - 1.0) if out_size > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    dst = _to(aten.arange.start_step(0, out_size, 1, device=device), dtype)
+    src = aten.mul.Tensor(dst, step) if align_corners else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    floor = aten.floor.default(src)
+    base = _to(floor, torch.int64)
+    taps = [aten.clamp.default(aten.add.Tensor(base, k - 1), 0, in_size - 1) for k in range(4)]
+    return list(zip(taps, _cubic_weights(aten.sub.Tensor(src, floor))))
+
+
+@project_decomposition(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    acc = _acc(grad_output.dtype)
+    grad = _to(grad_output, acc)
+    (oh, ow), (ih, iw) = output_size, input_size[2:]
+    rows = [(aten.view.default(i, [oh, 1]), aten.view.default(w, [oh, 1]))
+            for i, w in _cubic_source(ih, oh, align_corners, scales_h, acc, grad.device)]
+    cols = _cubic_source(iw, ow, align_corners, scales_w, acc, grad.device)
+    out = aten.full.default(list(input_size), 0, dtype=acc, device=grad.device)
+    for (ri, rw), (ci, cw) in itertools.product(rows, cols):
+        out = aten.index_put.default(out, [None, None, ri, ci], aten.mul.Tensor(grad, aten.mul.Tensor(rw, cw)), True)
+    return _to(out, grad_output.dtype)

@@ -1,0 +1,111 @@
+"""The issue-18 fills against native eager: forward values and autograd of the native forward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eagerdecomp as ed
+from eagerdecomp.testing import RecordingMode
+
+
+def _both(fn, *inputs, seed=0):
+    """``fn``'s outputs and input gradients natively and under the mode (only core ops recorded)."""
+
+    def run():
+        xs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        torch.manual_seed(seed)
+        out = fn(*xs)
+        if any(x.requires_grad for x in xs):
+            out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
+        return [out.detach()] + [x.grad for x in xs if x.requires_grad]
+
+    want = run()
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = run()
+    rec.assert_only("core_aten")
+    return want, got
+
+
+def _close(want, got, rtol, atol):
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+
+
+TOL = {torch.float32: (1e-5, 2e-6), torch.float64: (1e-12, 1e-13)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward(dtype, dim):
+    torch.manual_seed(0)
+    v = torch.randn(6, 4, 3, dtype=dtype, requires_grad=True)
+    g = torch.randn([6 if d == 0 else 1 for d in range(3)] if dim == 0 else [1, 1, 3], dtype=dtype, requires_grad=True)
+    _close(*_both(lambda v, g: torch._weight_norm(v, g, dim), v, g), *TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("padding_idx", [None, 4])
+def test_embedding_bag_per_sample_weights_backward(dtype, padding_idx):
+    torch.manual_seed(0)
+    w = torch.randn(10, 5, dtype=dtype)
+    idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4, 4])
+    psw = torch.randn(8, dtype=dtype, requires_grad=True)
+    fn = lambda p: F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=p, padding_idx=padding_idx)  # noqa: E731
+    _close(*_both(fn, psw), *TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [dict(size=(9, 4)), dict(scale_factor=(1.7, 2.3))], ids=["size", "scale"])
+def test_bicubic_backward(dtype, align_corners, size):
+    x = torch.randn(2, 3, 5, 7, dtype=dtype, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    fn = lambda x: F.interpolate(x, mode="bicubic", align_corners=align_corners, **size)  # noqa: E731
+    _close(*_both(fn, x), *(TOL[dtype] if dtype == torch.float64 else (1e-5, 1e-5)))
+
+
+CTC = [  # (T, N, C, target lengths, input lengths, 2-D targets, reduction, zero_infinity, lengths as tensors)
+    (12, 3, 5, [4, 2, 3], [12, 10, 7], True, "mean", False, False),
+    (12, 3, 5, [4, 0, 3], [12, 10, 7], False, "sum", False, False),
+    (12, 3, 5, [4, 1, 3], [12, 10, 7], True, "none", False, True),
+    (4, 2, 5, [4, 3], [4, 2], True, "none", True, False),  # the second cannot align: inf, zeroed
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", CTC)
+def test_ctc_loss(dtype, case):
+    T, N, C, tls, ils, two_d, reduction, zero_inf, as_tensors = case
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(T, N, C, dtype=dtype, generator=g).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, C, (N, max(tls)) if two_d else (sum(tls),), generator=g)
+    il, tl = (torch.tensor(ils), torch.tensor(tls)) if as_tensors else (ils, tls)
+    fn = lambda lp: F.ctc_loss(lp, targets, il, tl, reduction=reduction, zero_infinity=zero_inf)  # noqa: E731
+    want, got = _both(fn, lp)
+    assert torch.equal(want[0], got[0])  # the loss is the kernel's recursion, op for op
+    _close(want, got, *TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_randperm_out_draws_eagers_stream(dtype):
+    want, got = torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)
+    torch.manual_seed(7)
+    torch.randperm(10, out=want)
+    torch.manual_seed(7)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        torch.randperm(10, out=got)
+    rec.assert_only("core_aten")
+    assert torch.equal(want, got)
+
+
+def test_index_put_impl_and_lift_fresh_copy():
+    i, v = torch.tensor([1, 1, 3]), torch.tensor([1.0, 2.0, 3.0])
+    want = torch.zeros(5)
+    torch.ops.aten._index_put_impl_(want, [i], v, True)
+    got = torch.zeros(5)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        out = torch.ops.aten._index_put_impl_(got, [i], v, True)
+        copy = torch.ops.aten.lift_fresh_copy(got)
+    rec.assert_only("core_aten")
+    assert out is got and torch.equal(got, want)
+    assert torch.equal(copy, got) and copy.data_ptr() != got.data_ptr()
