@@ -40,6 +40,8 @@ from typing import NamedTuple
 
 import torch
 from torch._C import DispatchKey
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import BackendError
@@ -58,6 +60,7 @@ __all__ = [
     "passes_through",
     "python_kernel_key",
     "run_under",
+    "defers_to_subclass",
     "handler",
     "implementation",
     "device_refusal",
@@ -176,6 +179,21 @@ def _device_type(args, kwargs) -> str:
     return "cpu"
 
 
+def defers_to_subclass(types) -> bool:
+    """True when a call's tensor types include a subclass with its own ``__torch_dispatch__``
+    (DTensor): a mode returns NotImplemented so the subclass runs first, and the plain-tensor
+    ops it runs come back to the mode. (``types`` may hold plain ``torch.Tensor`` too.)"""
+    return any(t.__torch_dispatch__ is not _NO_DISPATCH and not issubclass(t, _MODE_TENSORS) for t in types)
+
+
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__  # torch._C._disabled_torch_dispatch_impl
+# NOTE: fake and functional tensors belong to an infrastructure mode that sits below every user
+# mode (FakeTensorMode, FunctionalTensorMode): their ops reach it through us, and the tensor
+# class itself refuses while its mode is active (DTensor's sharding propagation runs ops on
+# fakes under FakeTensorMode). They are handled like plain tensors.
+_MODE_TENSORS = (FakeTensor, FunctionalTensor)
+
+
 class _Within(TorchDispatchMode):
     """Sends every op called inside a custom op's implementation back to ``runtime``."""
 
@@ -184,7 +202,7 @@ class _Within(TorchDispatchMode):
         self.runtime = runtime
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if types:  # a tensor subclass handles its own op first; its inner ops come back here
+        if types and defers_to_subclass(types):  # the subclass first; its inner ops come back here
             return NotImplemented
         return self.runtime(func, args, kwargs or {})
 
