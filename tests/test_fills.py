@@ -109,3 +109,56 @@ def test_index_put_impl_and_lift_fresh_copy():
     rec.assert_only("core_aten")
     assert out is got and torch.equal(got, want)
     assert torch.equal(copy, got) and copy.data_ptr() != got.data_ptr()
+
+
+HISTC = [  # (values, bins, min, max): data range, given range, NaN and edge values, a constant input, empty
+    (torch.randn(1000, generator=torch.Generator().manual_seed(0)), 10, 0, 0),
+    (torch.randn(1000, generator=torch.Generator().manual_seed(1)), 7, -1, 1),
+    (torch.tensor([0.0, 1, 2, 3, float("nan"), 3]), 3, 0, 3),
+    (torch.ones(5), 4, 0, 0),
+    (torch.arange(64.0), 8, 0, 0),
+    (torch.tensor([0.1, 0.2, 0.3, 0.7]), 10, 0, 1),
+    (torch.empty(0), 5, 0, 0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", HISTC)
+def test_histc_bins_as_the_kernel(dtype, case):
+    x, bins, lo, hi = case
+    x = x.to(dtype)
+    want = torch.histc(x, bins, lo, hi)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = [torch.histc(x, bins, lo, hi) for _ in range(2)]
+    rec.assert_only("core_aten")
+    for g in got:
+        assert g.dtype == want.dtype and torch.equal(g, want)
+
+
+GROUPED = [  # (self shape, mat2 shape, offs)
+    ((6, 8), (2, 8, 8), [2, 6]),
+    ((6, 8), (2, 8, 8), [0, 6]),
+    ((6, 8), (2, 8, 8), [2, 4]),  # rows past the last offset
+    ((3, 4, 8), (3, 8, 8), None),
+    ((8, 8), (8, 8), [3, 8]),
+    ((2, 8, 8), (8, 16), [8, 16]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", GROUPED)
+def test_grouped_mm(dtype, case):
+    a_shape, b_shape, offs = case
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(a_shape, generator=g).to(dtype), torch.randn(b_shape, generator=g).to(dtype)
+    offs = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    want = torch._grouped_mm(a, b, offs=offs)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = torch._grouped_mm(a, b, offs=offs)
+    rec.assert_only("core_aten")
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    if offs is not None and a.dim() == 2 and b.dim() == 3:  # the kernel leaves rows past the end unwritten
+        want = want[: int(offs[-1])]
+        assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
+        got = got[: int(offs[-1])]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
