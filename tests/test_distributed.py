@@ -142,10 +142,49 @@ def tensor_parallel_under_the_mode(rank):
     return {"diff": diff, "outside": rec.outside("core_aten"), "collectives": rec.collectives()}
 
 
-SCENARIOS = {f.__name__: f for f in (ddp_under_the_mode, fsdp2_under_the_mode, tensor_parallel_under_the_mode)}
+def ddp_on_the_reference_device(rank):
+    import eagerdecomp as ed
+    from eagerdecomp import refdev_dist
+    from eagerdecomp.errors import BackendError
+
+    dev = torch.device("edref", 0)  # loaded at the start of the worker (before any backward)
+    group = dist.new_group(backend=refdev_dist.BACKEND)  # the device's process-group backend
+    torch.manual_seed(0)
+    base = MLP()
+    ref = _reference(base, [_batch(r) for r in range(WORLD)])
+    x, y = _batch(rank)
+    switch = ed.enable(dev)
+    try:
+        model = copy.deepcopy(base).to(dev)
+        ddp = nn.parallel.DistributedDataParallel(model, process_group=group)
+        _train(ddp, ddp.parameters(), x.to(dev), y.to(dev))
+        try:
+            dist.reduce(torch.ones(2, device=dev), dst=0, group=group)  # a collective it lacks
+            lacking = None
+        except BackendError as e:
+            lacking = str(e)
+    finally:
+        ed.disable(dev)
+    diff = max((p.detach().cpu() - q.detach()).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+    assert diff < 1e-5, f"DDP on edref differs from one CPU process by {diff}"
+    return {"diff": diff, "calls": dict(group.calls), "lacking": lacking,
+            "decomposed": sorted(r.op for r in switch.report().decomposed)}
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (ddp_under_the_mode, fsdp2_under_the_mode, tensor_parallel_under_the_mode, ddp_on_the_reference_device)
+}
 
 
 def _worker(rank: int, port: int, out_dir: str, names: list) -> None:
+    from eagerdecomp import refdev_dist
+    from eagerdecomp.errors import BackendError
+
+    try:
+        refdev_dist.register()  # the reference device must exist before this process's first backward
+    except BackendError:
+        names = [n for n in names if n != "ddp_on_the_reference_device"]
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
@@ -223,3 +262,14 @@ def test_tensor_parallel_under_the_mode_matches_one_process(cpu_results):
         res = r["tensor_parallel_under_the_mode"]
         assert res["outside"] == []
         assert res["collectives"]
+
+
+def test_ddp_on_the_reference_device_matches_cpu(cpu_results):
+    if "ddp_on_the_reference_device" not in cpu_results[0]:
+        pytest.skip("reference device unavailable")
+    for r in _scenario(cpu_results, "ddp_on_the_reference_device"):
+        res = r["ddp_on_the_reference_device"]
+        # the device's backend ran the bucket allreduces and the initial broadcast
+        assert res["calls"].get("allreduce", 0) >= STEPS and res["calls"].get("broadcast", 0) >= 1
+        assert "aten.silu.default" in res["decomposed"]  # the switch decomposed what edref lacks
+        assert res["lacking"] and "reduce" in res["lacking"] and "edref_gloo" in res["lacking"]
