@@ -137,6 +137,20 @@ def test_composite_implicit_custom_ops_decompose_through_their_kernel():
     assert routes["_test.leaky_relu.default"] == "decomposed"
 
 
+@torch.library.custom_op("edtest::silu_in_place", mutates_args=("x",))
+def silu_in_place(x: Tensor) -> None:
+    x.copy_(F.silu(x))
+
+
+def test_mutating_custom_op_writes_its_argument_under_the_mode():
+    x = torch.randn(6)
+    expected = F.silu(x)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+        silu_in_place(x)
+    torch.testing.assert_close(x, expected)
+    assert rec.outside("core_aten") == [] and routes_of(mode)["edtest.silu_in_place.default"] == "custom op"
+
+
 def test_opaque_kernel_passes_through_and_is_reported():
     x = torch.randn(4, 3)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
