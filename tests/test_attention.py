@@ -337,18 +337,49 @@ def _tiny_llama():
     return transformers.LlamaForCausalLM(config)
 
 
-def _left_padded_batch():
+def _batch(padded):
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(2))
     attention = torch.ones_like(ids)
-    ids[0, :3], attention[0, :3] = 0, 0  # row 0 is left-padded
+    if padded:
+        ids[0, :3], attention[0, :3] = 0, 0  # row 0 is left-padded: its pad queries see no key
     return ids, attention
 
 
-def test_gqa_decoder_generates_like_native():
+# how transformers' SDPA integration runs grouped-query heads:
+# "left_padded": a mask, so it repeats the key/value heads itself (decoding packs query heads);
+# "left_padded_gqa": a mask with enable_gqa (forced), fully masked rows in the grouped kernel;
+# "unpadded": no mask, enable_gqa and is_causal.
+MODEL_CASES = {"left_padded": (True, False), "left_padded_gqa": (True, True), "unpadded": (False, False)}
+
+
+def _model_case(case, monkeypatch):
+    padded, force_gqa = MODEL_CASES[case]
+    if force_gqa:
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        calls.append((query.shape[1], key.shape[1], kwargs.get("attn_mask") is not None))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return _batch(padded), calls
+
+
+def _assert_grouped_when_expected(case, calls):
+    grouped = any(hq > hkv for hq, hkv, _ in calls)
+    assert grouped == (case != "left_padded"), calls
+    assert any(masked for *_, masked in calls) == MODEL_CASES[case][0]
+
+
+@pytest.mark.parametrize("case", list(MODEL_CASES))
+def test_gqa_decoder_generates_like_native(case, monkeypatch):
     model = _tiny_llama().eval()
-    ids, attention = _left_padded_batch()
-    kwargs = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    (ids, attention), calls = _model_case(case, monkeypatch)
+    kwargs = dict(max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
     native = model.generate(input_ids=ids, attention_mask=attention, **kwargs)
+    _assert_grouped_when_expected(case, calls)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
         ours = model.generate(input_ids=ids, attention_mask=attention, **kwargs)
     rec.assert_only("core_aten")
@@ -359,10 +390,11 @@ def test_gqa_decoder_generates_like_native():
         torch.testing.assert_close(o, n)
 
 
-def test_gqa_decoder_trains_like_native():
+@pytest.mark.parametrize("case", ["left_padded", "left_padded_gqa"])
+def test_gqa_decoder_trains_like_native(case, monkeypatch):
     native = _tiny_llama().train()
     ours = copy.deepcopy(native)
-    ids, attention = _left_padded_batch()
+    (ids, attention), calls = _model_case(case, monkeypatch)
     labels = ids.masked_fill(attention == 0, -100)
 
     def step(model):
@@ -374,12 +406,14 @@ def test_gqa_decoder_trains_like_native():
         return loss, grads
 
     loss_n, grads_n = step(native)
+    _assert_grouped_when_expected(case, calls)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
         loss_o, grads_o = step(ours)
     rec.assert_only("core_aten")
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in {r.op for r in mode.report().decomposed}
     torch.testing.assert_close(loss_o, loss_n)
     for o, n in zip(grads_o, grads_n):
+        assert not o.isnan().any()
         torch.testing.assert_close(o, n, rtol=1e-4, atol=1e-6)
     for o, n, g in zip(ours.parameters(), native.parameters(), grads_n):
         # NOTE: Adam turns rounding noise in a gradient that is zero in exact arithmetic
