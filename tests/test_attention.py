@@ -190,6 +190,24 @@ def test_sdpa_dropout_draws_through_eagerdecomps_random_ops():
     assert not torch.equal(outs[0][0], undropped) and not outs[0][0].isnan().any()
 
 
+def test_sdpa_dropout_in_inference_mode_draws_fresh_numbers_from_a_kernel():
+    # NOTE: here SDPA itself reaches the mode and is traced once, dropout included; the
+    # replayed kernel calls core rand again, so each call draws anew and the seed rules
+    (q, k, v, _), kwargs = _sdpa_inputs(torch.float32, 2, "plain")
+    kwargs = dict(kwargs, dropout_p=0.5)
+    outs = []
+    with torch.inference_mode(), RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+        for seed in (7, 7, 8):
+            torch.manual_seed(seed)
+            outs.append(F.scaled_dot_product_attention(q, k, v, **kwargs))
+    rec.assert_only("core_aten")
+    row = next(r for r in mode.report().rows if r.op == "aten.scaled_dot_product_attention.default")
+    assert row.route == "decomposed"
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    undropped = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert not torch.equal(outs[0], undropped) and not outs[0].isnan().any()
+
+
 def test_kv_heads_without_enable_gqa_raise_as_native():
     (q, k, v, _), _ = _sdpa_inputs(torch.float32, 2, "plain")
     with pytest.raises(RuntimeError) as native:
