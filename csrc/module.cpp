@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("op_log", &rd::op_log, "Ops that ran on edref since the last clear, with counts");
   m.def("op_log_clear", &rd::op_log_clear);
   m.def("set_logging", &rd::set_logging);
+  m.def("host_view", &rd::host_view, "A CPU tensor over an edref tensor's memory (for host collectives)");
   m.def("_init_key", &eagerdecomp::key::init_key, "Bypass class and extra plain types for make_key (key.py calls it)");
   m.def("make_key", &eagerdecomp::key::make_key, "(parts, tensors) of a call: eagerdecomp/key.py's make_key_py in C++");
 }

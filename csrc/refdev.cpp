@@ -342,6 +342,22 @@ void register_device(const std::vector<std::string>& ops) {
   libraries().push_back(std::move(lib));
 }
 
+at::Tensor host_view(const at::Tensor& t) {
+  TORCH_CHECK(is_device(t), "host_view: expected an edref tensor, got one on ", t.device());
+  // NOTE: the host storage points at the device storage's memory and holds a reference to
+  // that storage, so the memory outlives every view; it is not resizable (a resize would
+  // leave the device storage behind).
+  auto* keep = new c10::Storage(t.storage());
+  void* data = keep->unsafeGetStorageImpl()->data_ptr().get();
+  c10::DataPtr ptr(data, keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, kHost);
+  auto host = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), keep->nbytes(), std::move(ptr), nullptr, /*resizable=*/false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(std::move(host)), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  copy_view_metadata(out.unsafeGetTensorImpl(), t);
+  return out;
+}
+
 std::map<std::string, int64_t> op_log() {
   std::lock_guard<std::mutex> lock(g_log_mutex);
   return g_log;

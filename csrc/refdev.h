@@ -2,6 +2,8 @@
 // See refdev.cpp for why each piece exists.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -17,5 +19,9 @@ void register_device(const std::vector<std::string>& ops);
 std::map<std::string, int64_t> op_log();
 void op_log_clear();
 void set_logging(bool on);
+
+// A CPU tensor over the same memory as edref tensor `t` (same sizes, strides and offset):
+// what the device's process-group backend hands to gloo (eagerdecomp/refdev_dist.py).
+at::Tensor host_view(const at::Tensor& t);
 
 }  // namespace eagerdecomp::refdev

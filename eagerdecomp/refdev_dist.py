@@ -4,8 +4,10 @@ This is the piece a device team adds so that ``torch.distributed`` (DDP, FSDP2,
 DTensor) works on their device: a backend registered for the device type with
 ``torch.distributed.Backend.register_backend(name, creator, devices=[device])``
 and named in ``init_process_group``. A real device wraps its own collective
-library; edref's memory is host memory, so its backend stages each ``edref``
-tensor through a host copy and runs gloo on it. eagerdecomp's part is only that
+library; edref's memory is host memory, so its backend runs gloo on that memory
+itself: a CPU view of each contiguous ``edref`` tensor (``host_view`` in
+``csrc/refdev.cpp``), a host copy only for a non-contiguous one (gloo needs
+dense buffers) or a C++ library built before ``host_view``. eagerdecomp's part is only that
 collectives pass through untouched (:mod:`eagerdecomp.routes`); a collective
 this backend lacks raises :class:`~eagerdecomp.errors.BackendError` naming it.
 
@@ -27,6 +29,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from . import _ext
 from .errors import BackendError
 from .refdev import DEVICE_NAME, reference_device
 
@@ -53,6 +56,21 @@ def _on_device(t) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME
 
 
+def _host(t):
+    """``t`` as gloo can take it: itself (CPU), a view of its memory, or a copy (then written back)."""
+    if not _on_device(t):
+        return t
+    view = getattr(_ext.load(), "host_view", None)
+    return view(t) if view is not None and t.is_contiguous() else t.cpu()
+
+
+def _write_back(tensor_lists, host_lists) -> None:
+    for ts, hs in zip(tensor_lists, host_lists):
+        for t, h in zip(ts, hs):
+            if t is not h and t.untyped_storage().data_ptr() != h.untyped_storage().data_ptr():
+                t.copy_(h)  # a staged copy; a view already wrote the device memory
+
+
 def _done(result):
     fut = torch.futures.Future()
     fut.set_result(result)
@@ -60,7 +78,7 @@ def _done(result):
 
 
 class EdrefProcessGroup(dist.ProcessGroup):
-    """Runs each collective on a gloo group; ``edref`` tensors go through host copies.
+    """Runs each collective on a gloo group, over the host memory of ``edref`` tensors.
 
     The returned work is complete and its result is the caller's own tensors (DDP's reducer
     reads its gradients back from it). ``calls`` counts the collectives run, by name: the
@@ -78,15 +96,12 @@ class EdrefProcessGroup(dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND
 
-    # Each collective: host copies of the device tensors in, gloo, the results written back.
+    # Each collective: the device tensors as host tensors, gloo, staged copies written back.
     def _run(self, method: str, tensor_lists: list, *rest):
         self.calls[method] += 1
-        host = [[t.cpu() if _on_device(t) else t for t in ts] for ts in tensor_lists]
+        host = [[_host(t) for t in ts] for ts in tensor_lists]
         getattr(self._gloo, method)(*host, *rest).wait()
-        for ts, hs in zip(tensor_lists, host):
-            for t, h in zip(ts, hs):
-                if t is not h:
-                    t.copy_(h)
+        _write_back(tensor_lists, host)
         return _done(tensor_lists[0])
 
     def allreduce(self, tensors, opts=None):
@@ -97,13 +112,9 @@ class EdrefProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         self.calls["allgather"] += 1
-        host_in = [t.cpu() if _on_device(t) else t for t in inputs]
-        host_out = [[t.cpu() if _on_device(t) else t for t in ts] for ts in output_lists]
-        self._gloo.allgather(host_out, host_in, opts or dist.AllgatherOptions()).wait()
-        for ts, hs in zip(output_lists, host_out):
-            for t, h in zip(ts, hs):
-                if t is not h:
-                    t.copy_(h)
+        host_out = [[_host(t) for t in ts] for ts in output_lists]
+        self._gloo.allgather(host_out, [_host(t) for t in inputs], opts or dist.AllgatherOptions()).wait()
+        _write_back(output_lists, host_out)
         return _done(output_lists)
 
     def barrier(self, opts=None):
@@ -117,8 +128,8 @@ def _lacking(method: str):
         raise BackendError(
             f"{method}: the {BACKEND!r} process-group backend of device {DEVICE_NAME!r} does not implement "
             f"this collective; expected one of {sorted(COLLECTIVES)}. Implement it in "
-            f"eagerdecomp.refdev_dist.EdrefProcessGroup (stage the tensors through host copies and call "
-            f"gloo) or register another backend for the device."
+            f"eagerdecomp.refdev_dist.EdrefProcessGroup (hand gloo the tensors' host views) or register "
+            f"another backend for the device."
         )
 
     refuse.__name__ = method

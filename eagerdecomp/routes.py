@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import torch
 from torch._C import DispatchKey
+from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -143,8 +144,8 @@ def custom_route(func, table) -> Rule | None:
     route, or for a custom op :data:`CUSTOM_IMPL` / :data:`CUSTOM_KERNEL`; None when the
     usual decomposition applies (a table entry or a CompositeImplicitAutograd kernel)."""
     route = NAMESPACES.get(func.namespace)
-    if route is not None or func.namespace in COMPUTE_NAMESPACES:
-        return route
+    if route is not None or func.namespace in COMPUTE_NAMESPACES or not isinstance(func, OpOverload):
+        return route  # (higher-order operators are not ops of the dispatcher: left to the usual path)
     if func in table or _has(func, "CompositeImplicitAutograd"):
         return None
     if _python_anywhere(func):

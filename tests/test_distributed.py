@@ -273,3 +273,24 @@ def test_ddp_on_the_reference_device_matches_cpu(cpu_results):
         assert res["calls"].get("allreduce", 0) >= STEPS and res["calls"].get("broadcast", 0) >= 1
         assert "aten.silu.default" in res["decomposed"]  # the switch decomposed what edref lacks
         assert res["lacking"] and "reduce" in res["lacking"] and "edref_gloo" in res["lacking"]
+
+
+def test_host_view_shares_the_device_memory():
+    from eagerdecomp import _ext
+    from eagerdecomp.errors import BackendError
+    from eagerdecomp.refdev import reference_device
+
+    try:
+        dev = reference_device()
+    except BackendError as e:
+        pytest.skip(f"reference device unavailable: {e}")
+    host_view = getattr(_ext.load(), "host_view", None)
+    if host_view is None:
+        pytest.skip("the loaded C++ library predates host_view (rebuild with make install)")
+    d = torch.arange(12.0).reshape(3, 4).to(dev)[1:]  # a view with an offset
+    h = host_view(d)
+    assert h.device.type == "cpu" and (h.shape, h.stride(), h.storage_offset()) == (d.shape, d.stride(), d.storage_offset())
+    h.mul_(-1)  # what gloo does: write the buffer in place
+    assert torch.equal(d.cpu(), -torch.arange(4.0, 12.0).reshape(2, 4))
+    del d  # the view keeps the device memory alive
+    assert torch.equal(h, -torch.arange(4.0, 12.0).reshape(2, 4))
