@@ -190,11 +190,11 @@ def _backward(grad_out, query, key, value, out, lse, mask, is_causal, scale):
     )
 
 
-def _philox(shape, dtype):
+def _philox(query, shape, dtype):
     # NOTE: seed and offset of a run without dropout: placeholders the backward ignores.
-    # The CUDA kernels allocate them on the host, and so do their meta kernels under fake
-    # tensors (what the trace checks against).
-    return torch.empty(shape, dtype=dtype, device="cpu")
+    # On the query's device, where fake tensors put the meta kernel's (the trace checks
+    # against those; the CUDA kernels leave them on the host).
+    return torch.empty(shape, dtype=dtype, device=query.device)
 
 
 def _square_if_causal(query, key, is_causal):
@@ -244,7 +244,7 @@ def efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, i
         lse = lse.new_empty((*lse.shape[:2], 0))
     elif L % 32:  # rows padded to a multiple of 32 with +inf, as the kernel writes them
         lse = torch.cat([lse, lse.new_full((*lse.shape[:2], 32 - L % 32), _INF)], -1)
-    return out, lse, _philox((), torch.int64), _philox((), torch.int64)
+    return out, lse, _philox(query, (), torch.int64), _philox(query, (), torch.int64)
 
 
 @project_decomposition(aten._scaled_dot_product_efficient_attention_backward.default)
@@ -270,7 +270,7 @@ def flash_cuda(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
     _check_inputs("_scaled_dot_product_flash_attention", query, key, value)
     out, lse = _forward(KERNELS["flash_cuda"], query, key, value, None, is_causal, scale)
     L, S = query.shape[2], key.shape[2]
-    seed, offset = _philox((2,), torch.uint64), _philox((), torch.uint64)
+    seed, offset = _philox(query, (2,), torch.uint64), _philox(query, (), torch.uint64)
     return out, lse, None, None, L, S, seed, offset, query.new_empty(0)
 
 
@@ -298,7 +298,7 @@ def cudnn(
     _check_inputs("_scaled_dot_product_cudnn_attention", query, key, value)
     out, lse = _forward(KERNELS["cudnn"], query, key, value, attn_bias, is_causal, scale)
     L, S = query.shape[2], key.shape[2]
-    seed, offset = _philox((), torch.int64), _philox((), torch.int64)
+    seed, offset = _philox(query, (), torch.int64), _philox(query, (), torch.int64)
     return out, lse.unsqueeze(-1), None, None, L, S, seed, offset, None
 
 
