@@ -75,6 +75,11 @@ def _sdpa_and_grads(q, k, v, grad, kwargs):
     return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
 
+def _in_float64(kwargs):
+    mask = kwargs["attn_mask"]
+    return dict(kwargs, attn_mask=mask.double() if mask is not None and mask.is_floating_point() else mask)
+
+
 def _assert_like_native(ours, native, reference):
     """Same dtype, shape and significant strides as native; values as close to the float64
     reference as native's (reduced precision) or close to native (float32/64); no NaN."""
@@ -99,8 +104,7 @@ def _assert_like_native(ours, native, reference):
 def test_sdpa_forward_backward_matches_native(dtype, group, form):
     (q, k, v, grad), kwargs = _sdpa_inputs(dtype, group, form)
     native = _sdpa_and_grads(q, k, v, grad, kwargs)
-    kwargs64 = dict(kwargs, attn_mask=kwargs["attn_mask"] if form == "bool" or kwargs["attn_mask"] is None else kwargs["attn_mask"].double())
-    reference = _sdpa_and_grads(*(t.double() for t in (q, k, v, grad)), kwargs64)
+    reference = _sdpa_and_grads(*(t.double() for t in (q, k, v, grad)), _in_float64(kwargs))
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
         ours = _sdpa_and_grads(q, k, v, grad, kwargs)
     rec.assert_only("core_aten")
