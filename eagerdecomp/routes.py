@@ -54,7 +54,6 @@ __all__ = [
     "COMMUNICATION",
     "CUSTOM_IMPL",
     "CUSTOM_KERNEL",
-    "route_of",
     "custom_route",
     "is_infrastructure",
     "is_communication",
@@ -96,11 +95,6 @@ COMPUTE_NAMESPACES = frozenset({"aten", "prims"})
 
 _CUSTOM_IMPL_ROUTE = Rule(CUSTOM_IMPL, "a custom op with a Python implementation: runs under eagerdecomp")
 _CUSTOM_KERNEL_ROUTE = Rule(CUSTOM_KERNEL, "a custom op with only an opaque kernel: passes through to it")
-
-
-def route_of(func) -> Rule | None:
-    """The :data:`NAMESPACES` route of ``func``, or None."""
-    return NAMESPACES.get(func.namespace)
 
 
 def is_infrastructure(func) -> bool:
