@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test conformance bench report install clean
+.PHONY: demo test conformance models bench report install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: install
 
 conformance: install
 	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
+
+# every model of tests/test_models.py (make test runs its fast slice), under the mode and on edref
+models: install
+	EAGERDECOMP_MODELS=all $(PY) -m pytest tests/test_models.py $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/micro.py

@@ -22,7 +22,8 @@ def lift_fresh_copy(self):
 # NOTE: x[idx] = v dispatches here from the CompositeExplicitAutograd index_put_, and code
 # copied from PyTorch internals calls it directly. `unsafe` only skips bounds checks in the
 # native kernel; index_put (core) checks them, which is what eager does with unsafe=False.
-@project_decomposition([aten._index_put_impl_.default, aten._index_put_impl_.hacked_twin])
+# (Its hacked_twin overload exists for TorchScript only: the dispatcher has no entry for it.)
+@project_decomposition(aten._index_put_impl_.default)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     return aten.index_put_.default(self, list(indices), values, accumulate)
 

@@ -27,6 +27,8 @@ def _item(t):
 # calls run on the bypass path), widened by 1 when equal.
 @project_decomposition(aten.histc.default)
 def histc(self, bins=100, min=0, max=0):
+    if not self.dtype.is_floating_point:
+        return _histc_int(self, bins, min, max)
     if self.dtype not in (torch.float32, torch.float64):
         return NotImplemented
     lo, hi = float(min), float(max)
@@ -49,3 +51,24 @@ def histc(self, bins=100, min=0, max=0):
     ones = aten._to_copy.default(inside, dtype=self.dtype)
     out = aten.full.default([bins], 0, dtype=self.dtype, device=self.device)
     return aten.index_put.default(out, [pos], ones, True)
+
+
+# NOTE: the CPU has no integer histc; CUDA's kernel (what an accelerator's users call, and what
+# transformers' MoE routers pass on every device but the CPU) bins integers in integer
+# arithmetic: bin = (x - lo) * bins / (hi - lo) with lo and hi truncated to the dtype.
+def _histc_int(self, bins, min, max):
+    if self.dtype == torch.bool or bins <= 0:
+        return NotImplemented
+    lo, hi = int(min), int(max)
+    if lo == hi and self.numel() > 0:
+        lo, hi = int(_item(aten.amin.default(self, []))), int(_item(aten.amax.default(self, [])))
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if not lo < hi:
+        raise RuntimeError("torch.histc: max must be larger than min")
+    flat = aten._to_copy.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]), dtype=torch.int64)
+    inside = aten.logical_and.default(aten.ge.Scalar(flat, lo), aten.le.Scalar(flat, hi))
+    pos = aten.div.Tensor_mode(aten.mul.Tensor(aten.sub.Tensor(flat, lo), bins), hi - lo, rounding_mode="trunc")
+    pos = aten.clamp.default(aten.where.self(inside, pos, aten.zeros_like.default(pos)), 0, bins - 1)
+    out = aten.full.default([bins], 0, dtype=self.dtype, device=self.device)
+    return aten.index_put.default(out, [pos], aten._to_copy.default(inside, dtype=self.dtype), True)

@@ -162,3 +162,20 @@ def test_grouped_mm(dtype, case):
         assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
         got = got[: int(offs[-1])]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 0), (5, 2, 9), (3, 4, 4)])
+def test_histc_integers_bin_as_cuda(dtype, bins, lo, hi):
+    # the CPU has no integer kernel; CUDA's bins in integer arithmetic, which this reference spells out
+    x = torch.randint(0, 12, (50,), generator=torch.Generator().manual_seed(0)).to(dtype)
+    a, b = (int(x.min()), int(x.max())) if lo == hi else (lo, hi)  # min == max: the data range, as eager
+    a, b = (a - 1, b + 1) if a == b else (a, b)
+    want = torch.zeros(bins, dtype=dtype)
+    for v in x.tolist():
+        if a <= v <= b:
+            want[min((v - a) * bins // (b - a), bins - 1)] += 1
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = torch.histc(x, bins, lo, hi)
+    rec.assert_only("core_aten")
+    assert got.dtype == dtype and torch.equal(got, want)
