@@ -109,3 +109,72 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
     for (ri, rw), (ci, cw) in itertools.product(rows, cols):
         out = aten.index_put.default(out, [None, None, ri, ci], aten.mul.Tensor(grad, aten.mul.Tensor(rw, cw)), True)
     return _to(out, grad_output.dtype)
+
+
+# NOTE: the max-pooling backwards with saved indices (adaptive 2d/3d, max_pool3d) have no
+# decomposition in PyTorch. Each output gradient goes to the input element its index names
+# (flat within each channel's spatial plane), accumulated where windows overlap: scatter_add
+# (core) over the flattened spatial dims. Channels-last inputs keep their layout (the trace
+# restrides to eager's). Accumulation order may differ from the kernel's: agrees to rounding.
+def _indexed_pool_backward(grad_output, self, indices, spatial):
+    lead = list(self.shape[: self.dim() - spatial])
+    acc = _acc(grad_output.dtype)
+    flat_in = [*lead, -1] if lead else [-1]
+    grad = aten.reshape.default(_to(grad_output, acc), flat_in)
+    index = aten.reshape.default(indices, flat_in)
+    zeros = aten.full.default([*lead, _numel(self.shape[self.dim() - spatial :])], 0, dtype=acc, device=self.device)
+    out = aten.scatter_add.default(zeros, len(lead), index, grad)
+    return _to(aten.view.default(out, list(self.shape)), grad_output.dtype)
+
+
+def _numel(shape):
+    return functools.reduce(lambda a, b: a * b, shape, 1)
+
+
+@project_decomposition(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _indexed_pool_backward(grad_output, self, indices, 2)
+
+
+@project_decomposition(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _indexed_pool_backward(grad_output, self, indices, 3)
+
+
+@project_decomposition(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _indexed_pool_backward(grad_output, self, indices, 3)
+
+
+# NOTE: replication padding copies border elements outwards; its backward (no decomposition in
+# PyTorch) sends each output gradient to the input element it was copied from: the output
+# position minus the left pad, clamped into the input, per padded dim (index_put accumulate).
+def _replication_pad_backward(grad_output, self, padding):
+    dims = len(padding) // 2
+    acc = _acc(grad_output.dtype)
+    index = []
+    for k in range(dims):  # padding lists the last dim first: (left, right, top, bottom, ...)
+        d = self.dim() - 1 - k
+        left = padding[2 * k]
+        src = aten.clamp.default(aten.sub.Tensor(aten.arange.default(grad_output.shape[d], device=self.device), left), 0, self.shape[d] - 1)
+        index.insert(0, aten.view.default(src, [grad_output.shape[d]] + [1] * k))
+    lead = [None] * (self.dim() - dims)
+    out = aten.full.default(list(self.shape), 0, dtype=acc, device=self.device)
+    out = aten.index_put.default(out, [*lead, *index], _to(grad_output, acc), True)
+    return _to(out, grad_output.dtype)
+
+
+for _d in (1, 2, 3):
+    project_decomposition(getattr(aten, f"replication_pad{_d}d_backward").default)(_replication_pad_backward)
+
+
+# NOTE: masked_scatter takes source elements in order into the masked positions; its backward
+# returns the gradient of those positions in that order, zero-padded to the source's size. How
+# many positions are masked is a data value: the bypass path.
+@project_decomposition(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad_output, mask, sizes):
+    shape = list(torch.broadcast_shapes(grad_output.shape, mask.shape))
+    taken = aten.index.Tensor(aten.expand.default(grad_output, shape), [aten.expand.default(mask, shape)])
+    total = _numel(sizes)
+    pad = aten.full.default([total - taken.shape[0]], 0, dtype=grad_output.dtype, device=grad_output.device)
+    return aten.view.default(aten.cat.default([taken, pad]), list(sizes))

@@ -179,3 +179,30 @@ def test_histc_integers_bin_as_cuda(dtype, bins, lo, hi):
         got = torch.histc(x, bins, lo, hi)
     rec.assert_only("core_aten")
     assert got.dtype == dtype and torch.equal(got, want)
+
+
+POOL_PAD = {  # name: (call, input shape)
+    "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x, (3, 4)), (2, 3, 6, 8)),
+    "adaptive_max_pool3d": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 4)), (2, 2, 4, 6, 8)),
+    "max_pool3d": (lambda x: F.max_pool3d(x, 3, 2, 1), (2, 2, 4, 6, 8)),
+    "max_pool3d ceil_mode": (lambda x: F.max_pool3d(x, 2, 2, 0, ceil_mode=True), (2, 2, 5, 6, 7)),
+    "replication_pad1d": (lambda x: F.pad(x, (2, 3), mode="replicate"), (2, 3, 5)),
+    "replication_pad2d": (lambda x: F.pad(x, (2, 3, 1, 4), mode="replicate"), (2, 3, 6, 8)),
+    "replication_pad2d negative": (lambda x: F.pad(x, (-1, 3, 1, -2), mode="replicate"), (2, 3, 6, 8)),
+    "replication_pad3d": (lambda x: F.pad(x, (1, 2, 0, 1, 2, 1), mode="replicate"), (2, 2, 4, 6, 8)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(POOL_PAD))
+def test_pool_and_pad_backward(dtype, name):
+    fn, shape = POOL_PAD[name]
+    x = torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    call = lambda x: fn(x)[0] if isinstance(fn(x), tuple) else fn(x)  # noqa: E731
+    _close(*_both(call, x), *TOL[dtype])
+
+
+def test_masked_scatter_backward():
+    mask = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5
+    src = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    _close(*_both(lambda s: torch.zeros(3, 4, dtype=torch.float64).masked_scatter(mask, s), src), *TOL[torch.float64])
