@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test conformance models bench report install clean
+.PHONY: demo test conformance models bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ bench: install
 report: install
 	$(PY) -m eagerdecomp coverage --summary
 	$(PY) -m eagerdecomp coverage --format html -o coverage.html
+	$(PY) -m eagerdecomp coverage --models --summary
+
+# re-record the shipped model corpus (eagerdecomp/coverage/data/models.json) from transformers'
+# architectures and the hand-written CNNs: tens of minutes on 2 cores, resumable if stopped
+corpus: install
+	nice $(PY) -m eagerdecomp coverage record
 
 clean:
 	rm -rf $(VENV) build *.egg-info eagerdecomp/*.so

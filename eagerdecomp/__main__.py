@@ -10,6 +10,9 @@ Examples::
     python -m eagerdecomp coverage --format html -o coverage.html   # the interactive page
     python -m eagerdecomp coverage --op gelu                  # the ops whose name contains "gelu"
     python -m eagerdecomp coverage --verify                   # check the verdicts against real lowering
+    python -m eagerdecomp coverage --models --summary         # which models of the corpus run; ops to add for 50-100%
+    python -m eagerdecomp coverage --models --corpus ../shared/data/pytorch_model_ops.json --format json
+    python -m eagerdecomp coverage record                     # re-record the model corpus (tens of minutes)
     python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
 """
 
@@ -45,13 +48,17 @@ def _report(args) -> int:
     opset = _opset(args)
     graph = coverage.load_graph(rebuild=args.rebuild)
     if args.format == "html":
+        from .coverage.models import load_corpus
         from .coverage.page import render
 
-        _write(render(graph, opset), args.output or "coverage.html")
+        corpora = [load_corpus(c) for c in args.corpus] if args.corpus else None
+        _write(render(graph, opset, corpora), args.output or "coverage.html")
         return 0
     cov = coverage.analyse(graph, opset)
     if args.verify:
         return _verify(cov, graph, opset, args)
+    if args.models:
+        return _models(cov, args)
     if args.format == "json":
         data = cov.to_dict(args.top)
         if args.op:
@@ -66,6 +73,29 @@ def _report(args) -> int:
     else:
         text = cov.table(args.top)
     _write(text, args.output)
+    return 0
+
+
+def _models(cov, args) -> int:
+    from .coverage.models import TARGETS, analyse_models
+
+    targets = args.target or TARGETS
+    results = [analyse_models(cov, c) for c in (args.corpus or [None])]
+    if args.format == "json":
+        _write(json.dumps({"corpora": [m.to_dict(args.top, targets) for m in results]}, indent=1), args.output)
+    else:
+        _write("\n\n".join(m.table(args.top, targets, show_models=not args.summary) for m in results), args.output)
+    return 0
+
+
+def _record(args) -> int:
+    from .coverage.record import DATA, record_corpus
+
+    def progress(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    data = record_corpus(args.output or DATA, limit=args.limit, only=args.only, timeout=args.timeout, progress=progress)
+    print(f"recorded {len(data['models'])} models ({len(data['skipped'])} skipped) to {args.output or DATA}", file=sys.stderr)
     return 0
 
 
@@ -128,7 +158,21 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--rebuild", action="store_true", help="rebuild the decomposition graph (else cached)")
     rep.add_argument("--verify", action="store_true",
                      help="check the graph's verdicts by lowering each op for real under the opset (minutes)")
+    rep.add_argument("--models", action="store_true",
+                     help="per model of the corpus: runs or blocked, by family, and the ops to add for a share of models")
+    rep.add_argument("--corpus", metavar="FILE", action="append",
+                     help="a model corpus (default: the one shipped); repeat to add more; "
+                          "PyTorch's pytorch_model_ops.json format is read too")
+    rep.add_argument("--target", type=float, action="append", metavar="PERCENT",
+                     help="with --models: the smallest (greedy) op set to add to run this share of models (default 50, 80, 90, 100)")
     rep.set_defaults(run=_report)
+    actions = rep.add_subparsers(dest="action", metavar="record")
+    rec = actions.add_parser("record", help="record the model corpus: the aten ops each model calls (tens of minutes)")
+    rec.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: the shipped eagerdecomp/coverage/data/models.json)")
+    rec.add_argument("--only", nargs="+", metavar="TEXT", help="only the models whose name contains one of these")
+    rec.add_argument("--limit", type=int, help="only the first N models")
+    rec.add_argument("--timeout", type=float, default=120.0, help="seconds per model (default 120)")
+    rec.set_defaults(run=_record)
 
     prof = sub.add_parser("profile", help="run a script under the mode and report what it hit")
     opset_args(prof)

@@ -14,7 +14,9 @@ import pytest
 
 import eagerdecomp as ed
 import eagerdecomp.coverage as cov
+from eagerdecomp.coverage.models import TARGETS, Corpus, analyse_models, load_corpus
 from eagerdecomp.coverage.page import render
+from eagerdecomp.coverage.record import DATA
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 
@@ -122,3 +124,76 @@ def test_page_figures_follow_ticks(graph, browser, tmp_path):
     Select(browser.find_element("id", "preset")).select_by_value("prims")
     assert figures(browser) == cov.analyse(graph, "prims").counts()
     assert python_opset(browser) == ed.OpSet.preset("prims")
+
+
+# a corpus over the ops this graph knows, plus one it does not ("not analysed")
+TOY_MODELS = {
+    "toy/silu-net": ("a", ["aten.silu.default", "aten.mul.Tensor", "aten.addmm.default"]),
+    "toy/hardswish-net": ("a", ["aten.hardswish.default", "aten.hardswish_backward.default"]),
+    "toy/softplus-net": ("b", ["aten.softplus.default", "aten.addcmul.default"]),
+    "toy/lgamma-net": ("b", ["aten.lgamma.default", "aten.silu.default"]),
+    "toy/core-only": ("b", ["aten.mul.Tensor"]),
+}
+
+
+def models_panel(browser) -> dict:
+    """What the models panel shows, in the shape of ModelCoverage.to_dict."""
+    rows = browser.find_elements("css selector", "#models tr")
+    families = {}
+    for tr in browser.find_elements("css selector", "#families tr"):
+        f, runs, n, _ = (td.text for td in tr.find_elements("tag name", "td"))
+        families[f] = {"runs": int(runs), "models": int(n)}
+    return {
+        "counts": {s: int(browser.find_element("id", f"models-{s}").text) for s in ("runs", "blocked", "undetermined")},
+        "families": families,
+        "models": {tr.get_attribute("data-model"): {"status": tr.get_attribute("data-status"),
+                                                   "blockers": [b for b in tr.find_elements("tag name", "td")[3].text.split(", ") if b]}
+                   for tr in rows},
+        "implement_next": [re.match(r"(\S+) unlocks (\d+), needed by (\d+)", li.text).groups()
+                           for li in browser.find_elements("css selector", "#models-next li")],
+    }
+
+
+def expected_panel(m) -> dict:
+    d = m.to_dict(10)
+    return {"counts": d["counts"], "families": d["families"],
+            "models": {k: {"status": v["status"], "blockers": v["blockers"]} for k, v in d["models"].items()},
+            "implement_next": [(r["op"], str(r["unlocks"]), str(r["needed_by"])) for r in d["implement_next"]]}
+
+
+def slider_targets(browser) -> dict:
+    out = {}
+    for k, pct in enumerate(TARGETS):
+        browser.execute_script("const s = document.getElementById('target'); s.value = arguments[0];"
+                               "s.dispatchEvent(new Event('input'));", k)
+        out[pct] = [li.text for li in browser.find_elements("css selector", "#target-ops li") if "already there" not in li.text]
+    return out
+
+
+def test_models_panel_matches_python(graph, browser, tmp_path):
+    """Per family, per model (status and blockers), implement next and the slider's op lists
+    equal eagerdecomp.coverage.models' answers, on two corpora and after each tick."""
+    toy = Corpus("toy", {m: {"family": f, "ops": {o: 1 for o in ops}} for m, (f, ops) in TOY_MODELS.items()}, {})
+    corpora = [toy] + ([load_corpus()] if DATA.exists() else [])
+    page = tmp_path / "coverage.html"
+    page.write_text(render(graph, "core_aten", corpora))
+    browser.get(page.as_uri())
+
+    def check(opset, corpus):
+        m = analyse_models(cov.analyse(graph, opset), corpus)
+        assert models_panel(browser) == expected_panel(m)
+        assert slider_targets(browser) == {t: m.ops_for(t) for t in TARGETS}
+        return m
+
+    core = ed.OpSet.preset("core_aten")
+    m = check(core, toy)
+    assert m.status["toy/silu-net"] == "runs" and m.status["toy/lgamma-net"] in ("blocked", "undetermined")
+    tick(browser, "aten.mul.Tensor")  # unticked: silu loses its path, and the models that call it
+    opset = core - ed.OpSet(["aten.mul.Tensor"])
+    m = check(opset, toy)
+    assert m.status["toy/silu-net"] == "blocked" and "aten.mul.Tensor" in m.blockers["toy/silu-net"]
+    if len(corpora) > 1:  # the shipped corpus: the same answers over hundreds of models
+        from selenium.webdriver.support.ui import Select
+
+        Select(browser.find_element("id", "corpus")).select_by_index(1)
+        check(opset, corpora[1])

@@ -24,6 +24,7 @@ import torch
 
 from .graph import NODE_KINDS, Graph, _resolve
 from ..opset import RUNTIME_EXTRAS, OpSet, PRESETS
+from .models import TARGETS, passes_through
 
 __all__ = ["render", "page_data", "GROUPS"]
 
@@ -51,10 +52,31 @@ GROUPS = [
 ]
 
 
-def page_data(graph: Graph, opset="core_aten") -> dict:
-    """The JSON the page embeds: op names, both flavours' graphs by index, presets, groups."""
+def _corpus_data(corpus, index: dict) -> dict:
+    """One corpus for the page: per model its family and op indices; ops the graph lacks are
+    listed apart (``extra``, indices from ``len(index)`` on): never reached, "not analysed"."""
+    extra: dict = {}
+    models = []
+    for name_, m in sorted(corpus.models.items()):
+        ops = sorted(op for op in m["ops"] if not passes_through(op))
+        ids = [index[op] if op in index else len(index) + extra.setdefault(op, len(extra)) for op in ops]
+        models.append([name_, m["family"], ids])
+    return {"name": corpus.name, "meta": corpus.meta, "extra": list(extra), "models": models}
 
-    names = sorted(set(graph.flavours["aten"]) | set(graph.flavours["prims"]))
+
+def page_data(graph: Graph, opset="core_aten", corpora=None) -> dict:
+    """The JSON the page embeds: op names, both flavours' graphs by index, presets, groups,
+    and the model corpora (default: the shipped one, when present)."""
+    if corpora is None:
+        from .models import load_corpus
+        from .record import DATA
+
+        corpora = [load_corpus()] if DATA.exists() else []
+    in_graph = set(graph.flavours["aten"]) | set(graph.flavours["prims"])
+    # NOTE: a corpus op the graph lacks still gets a row (never analysed: it runs only when
+    # ticked), so an opset holding it counts it as Python's analysis does
+    called = {op for c in corpora for m in c.models.values() for op in m["ops"] if not passes_through(op)}
+    names = sorted(in_graph | {op for op in called - in_graph if _resolve(op) is not None})
     index = {n: i for i, n in enumerate(names)}
     kinds = {k: i for i, k in enumerate(NODE_KINDS)}
     graphs = {}
@@ -75,10 +97,12 @@ def page_data(graph: Graph, opset="core_aten") -> dict:
     presets = {p: [index[n] for n in (str(op) for op in OpSet.preset(p).ops) if n in index] for p in PRESETS}
     start = OpSet.coerce(opset)
     return {
+        "corpora": [_corpus_data(c, index) for c in corpora],
+        "targets": list(TARGETS),
         "torch": torch.__version__,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "names": names,
-        "aten": [i for i, n in enumerate(names) if n.startswith("aten.")],
+        "aten": [i for i, n in enumerate(names) if n.startswith("aten.") and n in in_graph],
         "kinds": list(NODE_KINDS),
         "graphs": graphs,
         "presets": presets,
@@ -87,9 +111,10 @@ def page_data(graph: Graph, opset="core_aten") -> dict:
     }
 
 
-def render(graph: Graph, opset="core_aten") -> str:
-    """The page as one HTML string, starting from ``opset`` (a preset name, an OpSet or ops)."""
-    data = json.dumps(page_data(graph, opset), separators=(",", ":"))
+def render(graph: Graph, opset="core_aten", corpora=None) -> str:
+    """The page as one HTML string, starting from ``opset`` (a preset name, an OpSet or ops);
+    ``corpora``: :class:`~eagerdecomp.coverage.models.Corpus` objects for the models panel."""
+    data = json.dumps(page_data(graph, opset, corpora), separators=(",", ":"))
     # NOTE: "</" inside a <script> would end it early; JSON allows "<\/" for it
     return _TEMPLATE.replace("/*DATA*/", data.replace("</", "<\\/"))
 
@@ -196,6 +221,37 @@ _TEMPLATE = r"""<!DOCTYPE html>
   </div>
   <h2 style="margin-top:18px">Ops without a path (<span id="unreachable-n"></span>)</h2>
   <div class="scroll"><table><colgroup><col class="c-op"><col class="c-st"><col class="c-by"><col class="c-why"></colgroup><thead><tr><th>op</th><th>status</th><th>blocked by</th><th>why</th></tr></thead><tbody id="unreachable"></tbody></table></div>
+  <section id="models-panel">
+  <h2 style="margin-top:18px">Models</h2>
+  <div class="muted">Corpus <select id="corpus"></select> <span id="corpus-meta"></span>. A model runs when every aten op it calls
+    runs on this opset; its blockers are the ops with no way down that it needs.</div>
+  <div class="figures" style="grid-template-columns: repeat(4, 1fr)">
+    <div class="fig"><div class="l">models</div><div class="v" id="models-total"></div></div>
+    <div class="fig"><div class="l"><span class="dot s-reaches"></span>run</div><div class="v" id="models-runs"></div></div>
+    <div class="fig"><div class="l"><span class="dot s-nopath"></span>blocked</div><div class="v" id="models-blocked"></div></div>
+    <div class="fig"><div class="l"><span class="dot s-und"></span>undetermined</div><div class="v" id="models-undetermined"></div></div>
+  </div>
+  <div class="muted">Coverage: <b id="models-pct"></b> of the corpus's models run on this opset.</div>
+  <div class="cols">
+    <div>
+      <h2 style="margin-top:18px">Per family</h2>
+      <table><thead><tr><th>family</th><th>run</th><th>models</th><th>share</th></tr></thead><tbody id="families"></tbody></table>
+    </div>
+    <div>
+      <h2 style="margin-top:18px">Ops to add for <span id="target-pct"></span> of models</h2>
+      <input type="range" id="target" min="0" max="0" step="1" value="0" style="width:240px"> <span id="target-label" class="muted"></span>
+      <div class="muted">Greedy, not proven minimal: each step adds one blocked model's missing blockers, the set that completes the most models per op.
+        <button id="tick-target">tick them</button></div>
+      <ol id="target-ops" class="mono" style="font-size:12px"></ol>
+      <h2 style="margin-top:18px">Implement next, by models</h2>
+      <ol id="models-next" class="mono" style="font-size:12px"></ol>
+    </div>
+  </div>
+  <h2 style="margin-top:18px">Each model</h2>
+  <input type="search" id="model-search" placeholder="filter models, e.g. llama or vision" style="width:360px">
+  <div class="scroll"><table><colgroup><col style="width:34%"><col style="width:16%"><col style="width:12%"><col style="width:38%"></colgroup>
+    <thead><tr><th>model</th><th>family</th><th>status</th><th>blocked by</th></tr></thead><tbody id="models"></tbody></table></div>
+  </section>
   <h2 style="margin-top:18px">Look up an op</h2>
   <input type="search" id="lookup" placeholder="e.g. aten.gelu.default" style="width:360px"> <div id="lookup-out" class="mono" style="margin-top:6px"></div>
 </div>
@@ -287,6 +343,119 @@ function implementNext(g, depth, k, fl) {
   return picks;
 }
 
+// --- models, as eagerdecomp.coverage.models.ModelCoverage ---------------------------------
+// A model runs when all its ops run; its blockers: a depth-first walk down unreachable
+// decompositions from each op, collecting ops without one and, on a cycle, the op closing it.
+function opBlockers(g, depth, i, memo) {
+  if (memo.has(i)) return memo.get(i);
+  const out = new Set(), runs = j => j < N && depth[j] >= 0, dec = j => j < N && g.kind[j] === K["decomposes"];
+  if (!runs(i)) {
+    if (!dec(i)) out.add(i);
+    else {
+      const visited = new Set([i]), onPath = new Set([i]), stack = [[i, 0]];
+      while (stack.length) {
+        const top = stack[stack.length - 1], kids = g.children[top[0]];
+        if (top[1] >= kids.length) { stack.pop(); onPath.delete(top[0]); continue; }
+        const c = kids[top[1]++];
+        if (runs(c)) continue;
+        if (onPath.has(c)) { out.add(c); continue; }
+        if (visited.has(c)) continue;
+        visited.add(c);
+        if (dec(c)) { onPath.add(c); stack.push([c, 0]); } else out.add(c);
+      }
+    }
+  }
+  memo.set(i, out);
+  return out;
+}
+
+function opName(corpus, i) { return i < N ? D.names[i] : corpus.extra[i - N]; }
+function blockerKind(g, i) { return i >= N ? "not analysed" : g.kind[i] === K["decomposes"] ? "cycle" : D.kinds[g.kind[i]]; }
+
+function analyseModels(g, depth, corpus) {
+  const memo = new Map(), models = [];
+  for (const [name, family, ops] of corpus.models) {
+    const b = new Set();
+    for (const i of ops) for (const j of opBlockers(g, depth, i, memo)) b.add(j);
+    const names = [...b].map(j => opName(corpus, j)).sort();
+    let status = "runs";
+    if (b.size) status = [...b].some(j => ["no decomposition", "declined", "cycle"].includes(blockerKind(g, j))) ? "blocked" : "undetermined";
+    models.push({name, family, status, blockers: names});
+  }
+  return models;
+}
+
+function cmpList(a, b) {
+  for (let k = 0; k < Math.min(a.length, b.length); k++) if (a[k] !== b[k]) return a[k] < b[k] ? -1 : 1;
+  return a.length - b.length;
+}
+
+// As ModelCoverage.ops_for: greedy, one blocked model's missing blockers at a time.
+function opsFor(models, percent) {
+  const need = Math.ceil(models.length * percent / 100), groups = new Map();
+  let covered = 0;
+  for (const m of models) {
+    if (!m.blockers.length) { covered++; continue; }
+    const key = m.blockers.join("\n");
+    if (!groups.has(key)) groups.set(key, {req: m.blockers, n: 0});
+    groups.get(key).n++;
+  }
+  const have = new Set(), picked = [];
+  while (covered < need && groups.size) {
+    let best = null;
+    for (const {req} of groups.values()) {
+      const add = req.filter(o => !have.has(o)), union = new Set([...have, ...add]);
+      let done = 0; for (const gr of groups.values()) if (gr.req.every(o => union.has(o))) done += gr.n;
+      const key = [-done / add.length, add.length, add];
+      if (best === null || key[0] < best[0] || (key[0] === best[0] && (key[1] < best[1] || (key[1] === best[1] && cmpList(key[2], best[2]) < 0)))) best = key;
+    }
+    for (const o of best[2]) { have.add(o); picked.push(o); }
+    for (const [k, gr] of [...groups]) if (gr.req.every(o => have.has(o))) { covered += gr.n; groups.delete(k); }
+  }
+  return picked;
+}
+
+function modelsNext(models, k) {
+  const alone = new Map(), needed = new Map();
+  for (const m of models) {
+    for (const o of m.blockers) needed.set(o, (needed.get(o) || 0) + 1);
+    if (m.blockers.length === 1) alone.set(m.blockers[0], (alone.get(m.blockers[0]) || 0) + 1);
+  }
+  return [...needed.keys()].map(o => [o, alone.get(o) || 0, needed.get(o)])
+    .sort((a, b) => b[1] - a[1] || b[2] - a[2] || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)).slice(0, k);
+}
+
+function renderModels() {
+  const panel = $("models-panel");
+  if (!D.corpora.length) { panel.style.display = "none"; return; }
+  const corpus = D.corpora[+$("corpus").value], models = analyseModels(state.g, state.depth, corpus);
+  const c = {runs: 0, blocked: 0, undetermined: 0}, fam = new Map();
+  for (const m of models) {
+    c[m.status]++;
+    if (!fam.has(m.family)) fam.set(m.family, [0, 0]);
+    const f = fam.get(m.family); f[1]++; if (m.status === "runs") f[0]++;
+  }
+  state.models = models;
+  $("models-total").textContent = models.length; $("models-runs").textContent = c.runs;
+  $("models-blocked").textContent = c.blocked; $("models-undetermined").textContent = c.undetermined;
+  $("models-pct").textContent = (100 * c.runs / Math.max(1, models.length)).toFixed(1) + "%";
+  $("families").innerHTML = [...fam.keys()].sort().map(f => { const [r, n] = fam.get(f);
+    return '<tr data-family="' + esc(f) + '"><td>' + esc(f) + "</td><td>" + r + "</td><td>" + n + "</td><td>" + (100 * r / n).toFixed(1) + "%</td></tr>"; }).join("");
+  const pct = D.targets[+$("target").value], ops = opsFor(models, pct);
+  state.targetOps = ops;
+  $("target-pct").textContent = pct + "%"; $("target-label").textContent = pct + "%: " + ops.length + " ops";
+  $("target-ops").innerHTML = ops.length ? ops.map(o => "<li>" + esc(o) + "</li>").join("") : "<li class='muted'>none: already there</li>";
+  $("models-next").innerHTML = modelsNext(models, 10).map(([o, a, n]) => "<li>" + esc(o) + " <span class='muted'>unlocks " + a + ", needed by " + n + "</span></li>").join("");
+  filterModels();
+}
+
+function filterModels() {
+  const q = $("model-search").value.trim().toLowerCase();
+  const rows = (state.models || []).filter(m => !q || m.name.toLowerCase().includes(q) || m.family.toLowerCase().includes(q));
+  $("models").innerHTML = rows.map(m => '<tr data-model="' + esc(m.name) + '" data-status="' + m.status + '"><td class="mono">' + esc(m.name) + "</td><td>" + esc(m.family) +
+    "</td><td>" + m.status + '</td><td class="mono">' + m.blockers.map(esc).join(", ") + "</td></tr>").join("");
+}
+
 let state = null;
 function compute() {
   const fl = flavour(), g = D.graphs[fl], depth = reach(g);
@@ -362,6 +531,7 @@ function render() {
     '</td><td class="mono">' + (b.chain.length > 1 ? b.chain.slice(1).map(j => esc(D.names[j])).join(" &rarr; ") : "itself") +
     "</td><td>" + esc(b.reason) + "</td></tr>").join("");
   $("python").textContent = python();
+  renderModels();
   $("next").innerHTML = "<li class='muted'>computing&hellip;</li>";
   clearTimeout(render.t);
   render.t = setTimeout(() => {
@@ -406,6 +576,18 @@ $("copy").addEventListener("click", () => {
   (navigator.clipboard ? navigator.clipboard.writeText(text) : Promise.reject()).then(
     () => $("copied").textContent = "copied", () => $("copied").textContent = "select the text and copy it");
 });
+$("corpus").innerHTML = D.corpora.map((c, k) => '<option value="' + k + '">' + esc(c.name) + "</option>").join("");
+$("corpus").addEventListener("change", () => { updateCorpusMeta(); renderModels(); });
+function updateCorpusMeta() {
+  const c = D.corpora[+$("corpus").value]; if (!c) return;
+  const m = c.meta, v = m.versions ? Object.entries(m.versions).map(([k, x]) => k + " " + x).join(", ") : "";
+  $("corpus-meta").textContent = "(" + c.models.length + " models" + (m.recorded ? ", recorded " + m.recorded : "") + (v ? ", " + v : "") + (m.source ? ", " + m.source : "") + ")";
+}
+updateCorpusMeta();
+$("target").max = D.targets.length - 1; $("target").value = D.targets.indexOf(90) >= 0 ? D.targets.indexOf(90) : 0;
+$("target").addEventListener("input", renderModels);
+$("model-search").addEventListener("input", filterModels);
+$("tick-target").addEventListener("click", () => { for (const o of state.targetOps || []) if (idx.has(o)) ticked[idx.get(o)] = 1; compute(); });
 $("torch").textContent = D.torch; $("generated").textContent = D.generated;
 $("preset").value = D.initial.preset;
 base = D.initial.preset; D.initial.ops.forEach(i => ticked[i] = 1);
