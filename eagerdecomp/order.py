@@ -72,3 +72,47 @@ def _histc_int(self, bins, min, max):
     pos = aten.clamp.default(aten.where.self(inside, pos, aten.zeros_like.default(pos)), 0, bins - 1)
     out = aten.full.default([bins], 0, dtype=self.dtype, device=self.device)
     return aten.index_put.default(out, [pos], aten._to_copy.default(inside, dtype=self.dtype), True)
+
+
+# NOTE: cummax/cummin have no decomposition in PyTorch. The CPU kernel walks the dim keeping
+# (value, index) and takes element i when it is NaN or, the running value not being NaN, i's
+# value is >= (cummin: <=) it: ties go to the latest index and a NaN sticks, with the index
+# of the latest NaN. That update is associative, so a log-depth scan (Hillis-Steele:
+# combine each position with the one 1, 2, 4, ... before it) computes it in core ops. Values
+# are selected, never computed: exact.
+def _cumulative_extreme(self, dim, better):
+    if self.dim() == 0:
+        return aten.clone.default(self), aten.full.default([], 0, dtype=torch.int64, device=self.device)
+    dim = dim % self.dim()
+    n = self.shape[dim]
+    shape = [1] * self.dim()
+    shape[dim] = n
+    pos = aten.view.default(aten.arange.default(n, device=self.device), shape)
+    values, index = aten.clone.default(self), aten.expand.default(pos, list(self.shape))
+    k = 1
+    while k < n:
+        prev_v = aten.cat.default([aten.slice.Tensor(values, dim, 0, k), aten.slice.Tensor(values, dim, 0, n - k)], dim)
+        prev_i = aten.cat.default([aten.slice.Tensor(index, dim, 0, k), aten.slice.Tensor(index, dim, 0, n - k)], dim)
+        take = aten.logical_or.default(
+            aten.lt.Scalar(pos, k),  # nothing k before: keep
+            aten.logical_or.default(
+                aten.isnan.default(values),
+                aten.logical_and.default(aten.logical_not.default(aten.isnan.default(prev_v)), better(values, prev_v)),
+            ),
+        )
+        values = aten.where.self(take, values, prev_v)
+        index = aten.where.self(take, index, prev_i)
+        k *= 2
+    if n <= 1:  # no step ran: index is still the broadcast arange; materialize it
+        index = aten.clone.default(index, memory_format=torch.contiguous_format)
+    return values, index
+
+
+@project_decomposition(aten.cummax.default)
+def cummax(self, dim):
+    return _cumulative_extreme(self, dim, aten.ge.Tensor)
+
+
+@project_decomposition(aten.cummin.default)
+def cummin(self, dim):
+    return _cumulative_extreme(self, dim, aten.le.Tensor)

@@ -206,3 +206,27 @@ def test_masked_scatter_backward():
     mask = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5
     src = torch.randn(12, dtype=torch.float64, requires_grad=True)
     _close(*_both(lambda s: torch.zeros(3, 4, dtype=torch.float64).masked_scatter(mask, s), src), *TOL[torch.float64])
+
+
+CUMULATIVE = [  # ties, NaNs (sticky, latest NaN's index), integers, bool, 0-dim, empty, bfloat16
+    torch.randint(0, 4, (5, 9), generator=torch.Generator().manual_seed(0)).float(),
+    torch.tensor([1.0, float("nan"), 0, 2, float("nan"), 5, 5]),
+    torch.randint(0, 3, (3, 4, 6), generator=torch.Generator().manual_seed(1)),
+    torch.tensor(3.0),
+    torch.tensor([True, False, True, True, False]),
+    torch.randn(2, 0, 3),
+    torch.randint(0, 3, (17,), generator=torch.Generator().manual_seed(2)).to(torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin], ids=["cummax", "cummin"])
+@pytest.mark.parametrize("x", CUMULATIVE, ids=lambda x: f"{x.dtype}{list(x.shape)}")
+def test_cummax_cummin_tie_break_as_the_kernel(op, x):
+    for dim in range(max(x.dim(), 1)):
+        want = op(x, dim)
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = op(x, dim)
+        rec.assert_only("core_aten")
+        for w, g in zip(want, got):
+            assert w.dtype == g.dtype and w.stride() == g.stride() and torch.equal(w.nan_to_num(), g.nan_to_num())
+            assert torch.equal(w.isnan(), g.isnan()) if w.is_floating_point() else True
