@@ -399,7 +399,7 @@ def _assert_grouped_when_expected(case, calls):
 def test_gqa_decoder_generates_like_native(case, monkeypatch):
     model = _tiny_llama().eval()
     (ids, attention), calls = _model_case(case, monkeypatch)
-    kwargs = dict(max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    kwargs = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
     native = model.generate(input_ids=ids, attention_mask=attention, **kwargs)
     _assert_grouped_when_expected(case, calls)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
