@@ -1,0 +1,68 @@
+"""Special functions in core ops (eagerdecomp/special.py) under the accuracy rule: per dtype, the
+error against a float64 native reference is no worse than the native kernel's own plus a small
+tolerance; non-finite results (poles, infinities, NaN) and dtypes exactly eager's."""
+
+import math
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp.testing import RecordingMode
+
+_g = torch.Generator().manual_seed(0)
+WIDE = torch.cat([
+    torch.randn(2000, generator=_g, dtype=torch.float64) * 5,
+    torch.rand(500, generator=_g, dtype=torch.float64) * 200 - 100,
+    torch.tensor([0.0, -0.0, 1, 2, -1, -2.5, 0.5, 1e-300, 1e10, -1e6 + 0.3, math.inf, -math.inf, math.nan, 20, 20.001, -30, 700, -700],
+                 dtype=torch.float64),
+])
+UNIT = torch.cat([
+    torch.rand(2000, generator=_g, dtype=torch.float64) * 2 - 1,
+    torch.tensor([0.0, 1, -1, 1.5, -1.5, 0.7, 0.70001, 0.99999999, -0.9999999999, 1e-300, math.nan], dtype=torch.float64),
+])
+FUNCTIONS = {
+    "lgamma": (torch.lgamma, WIDE, True),
+    "digamma": (torch.digamma, WIDE, True),
+    "erfinv": (torch.erfinv, UNIT, True),
+    "i0": (torch.i0, WIDE, True),
+    "special.i0e": (torch.special.i0e, WIDE, True),
+    "special.i1": (torch.special.i1, WIDE, True),
+    "special.i1e": (torch.special.i1e, WIDE, True),
+    "special.modified_bessel_i0": (torch.special.modified_bessel_i0, WIDE, False),
+    "special.modified_bessel_i1": (torch.special.modified_bessel_i1, WIDE, False),
+}
+TOL = {torch.float64: (1e-7, 1e-7), torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_accuracy_rule(name, dtype):
+    fn, values, half_floats = FUNCTIONS[name]
+    if dtype == torch.bfloat16 and not half_floats:
+        pytest.skip("no native kernel at this dtype")
+    x = values.to(dtype)
+    ref = fn(x.double())
+    native = fn(x)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(x)
+    rec.assert_only("core_aten")
+    assert got.dtype == native.dtype and got.shape == native.shape
+    finite = torch.isfinite(ref)
+    assert torch.equal(got.double()[~finite].nan_to_num(), ref[~finite].nan_to_num())  # poles, infinities
+    assert torch.equal(got.double()[~finite].isnan(), ref[~finite].isnan())
+    rtol, atol = TOL[dtype]
+    err_native = (native.double() - ref).abs()[finite].nan_to_num(0)
+    err_got = (got.double() - ref).abs()[finite]
+    assert bool((err_got <= 2 * err_native + atol + rtol * ref[finite].abs()).all())
+
+
+@pytest.mark.parametrize("name", ["lgamma", "digamma", "erfinv", "i0"])
+def test_integer_inputs_promote_as_eager(name):
+    fn = FUNCTIONS[name][0]
+    x = torch.tensor([0, 1, 2, 5], dtype=torch.int64) if name != "erfinv" else torch.tensor([0, 1, -1], dtype=torch.int64)
+    with ed.EagerDecompMode("core_aten"):
+        got = fn(x)
+    want = fn(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True)
