@@ -16,8 +16,10 @@ non-contiguous tensor, which the CPU kernel fills element by element) get the
 right distribution from another stream: the report marks every op whose
 kernel draws random numbers.
 
-An explicit ``generator=`` is declined (``NotImplemented``): core ATen's
-``rand`` takes none, so such calls have no path to the opset and say so.
+An explicit ``generator=`` is drawn from with ``rand.generator`` /
+``randn.generator`` (uniform and normal fills). Core ATen keeps neither, so
+under ``core_aten`` such calls have no path and say so; an opset that adds
+them gets the generator's own stream. The other fills decline a generator.
 """
 
 from __future__ import annotations
@@ -37,38 +39,50 @@ _REDUCED = (torch.float16, torch.bfloat16)
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
-def _draw(draw, like, dtype=None, device=None):
+# NOTE: an explicit generator= is drawn from with the generator overloads of rand/randn. Core
+# ATen keeps neither, so under core_aten such a call has no path (a clear UnsupportedOpError);
+# an opset that adds them (a backend with its own Generator) gets the generator's exact stream.
+_WITH_GENERATOR = {aten.rand.default: aten.rand.generator, aten.randn.default: aten.randn.generator}
+
+
+def _fresh(draw, size, generator=None, **kwargs):
+    """``draw(size, **kwargs)``, from ``generator`` when one is given."""
+    if generator is None:
+        return draw(size, **kwargs)
+    return _WITH_GENERATOR[draw](size, generator=generator, **kwargs)
+
+
+def _draw(draw, like, dtype=None, device=None, generator=None):
     """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)``."""
     perm = compute_elementwise_output_logical_to_physical_perm(like)[0] if like.dim() else []
     physical = [like.shape[d] for d in perm]
-    out = draw(physical, dtype=dtype or like.dtype, device=device or like.device)
+    out = _fresh(draw, physical, generator, dtype=dtype or like.dtype, device=device or like.device)
     inverse = [perm.index(d) for d in range(len(perm))]
     return aten.permute.default(out, inverse) if inverse != list(range(len(inverse))) else out
 
 
-def _declines(generator, memory_format=None) -> bool:
-    preserve = memory_format in (None, torch.preserve_format)
-    return generator is not None or not preserve
+def _declines(memory_format=None) -> bool:
+    return memory_format not in (None, torch.preserve_format)
 
 
 @project_decomposition(aten.rand_like.default)
 def rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(None, memory_format):
+    if _declines(memory_format):
         return NotImplemented
     return _draw(aten.rand.default, self, dtype, device)
 
 
 @project_decomposition(aten.randn_like.default)
 def randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(None, memory_format):
+    if _declines(memory_format):
         return NotImplemented
     return _draw(aten.randn.default, self, dtype, device)
 
 
-def _scaled(draw, self, scale, shift):
+def _scaled(draw, self, scale, shift, generator=None):
     """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it."""
     acc = torch.float32 if self.dtype in _REDUCED else self.dtype
-    out = _draw(draw, self, acc)
+    out = _draw(draw, self, acc, generator=generator)
     if scale != 1:
         out = aten.mul.Tensor(out, scale)
     if shift != 0:
@@ -79,59 +93,49 @@ def _scaled(draw, self, scale, shift):
 @project_decomposition(aten.uniform.default)
 def uniform(self, from_=0.0, to=1.0, *, generator=None):
     # NOTE: uniform_ (every nn.init.*uniform_) reaches this through the in-place variant rule
-    if _declines(generator) or not self.dtype.is_floating_point:
+    if not self.dtype.is_floating_point:
         return NotImplemented
-    return _scaled(aten.rand.default, self, to - from_, from_)
+    return _scaled(aten.rand.default, self, to - from_, from_, generator)
 
 
 @project_decomposition(aten.normal_.default)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     # NOTE: normal_ has no functional overload of the same signature; write it in place here
-    if _declines(generator) or not self.dtype.is_floating_point:
+    if not self.dtype.is_floating_point:
         return NotImplemented
-    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean))
+    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean, generator))
 
 
 @project_decomposition(aten.normal.Tensor_float)
 def normal_tensor_float(mean, std=1.0, *, generator=None):
-    if _declines(generator):
-        return NotImplemented
-    return aten.add.Tensor(_scaled(aten.randn.default, mean, std, 0.0), mean)
+    return aten.add.Tensor(_scaled(aten.randn.default, mean, std, 0.0, generator), mean)
 
 
 @project_decomposition(aten.normal.Tensor_float_out)
 def normal_tensor_float_out(mean, std=1.0, *, generator=None, out):
     # NOTE: eager broadcasts mean with out's *current* shape, not mean's alone, so a
     # wrongly sized out raises there (the generic out= rule would resize it): same here
-    if generator is not None:
-        return NotImplemented
     shape = list(torch.broadcast_shapes(mean.shape, out.shape))
     resize_out(out, shape)
-    return aten.copy_.default(out, normal_tensor_float(aten.expand.default(mean, shape), std))
+    return aten.copy_.default(out, normal_tensor_float(aten.expand.default(mean, shape), std, generator=generator))
 
 
 @project_decomposition(aten.normal.float_Tensor)
 def normal_float_tensor(mean, std, *, generator=None):
-    if _declines(generator):
-        return NotImplemented
-    return aten.add.Tensor(aten.mul.Tensor(_draw(aten.randn.default, std), std), mean)
+    return aten.add.Tensor(aten.mul.Tensor(_draw(aten.randn.default, std, generator=generator), std), mean)
 
 
 @project_decomposition(aten.normal.Tensor_Tensor)
 def normal_tensor_tensor(mean, std, *, generator=None):
-    if _declines(generator):
-        return NotImplemented
     # eager resizes a fresh contiguous output to the broadcast shape, then fills it
     shape = list(torch.broadcast_shapes(mean.shape, std.shape))
-    noise = aten.randn.default(shape, dtype=torch.result_type(mean, std), device=mean.device)
+    noise = _fresh(aten.randn.default, shape, generator, dtype=torch.result_type(mean, std), device=mean.device)
     return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
 
 
 @project_decomposition(aten.normal.float_float)
 def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
-    if generator is not None:
-        return NotImplemented
-    noise = aten.randn.default(size, dtype=dtype, device=device)
+    noise = _fresh(aten.randn.default, size, generator, dtype=dtype, device=device)
     return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
 
 
@@ -180,14 +184,14 @@ def random_from(self, from_, to=None, *, generator=None):
 
 @project_decomposition(aten.randint_like.default)
 def randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(None, memory_format):
+    if _declines(memory_format):
         return NotImplemented
     return _integers(self, 0, high, dtype, device)
 
 
 @project_decomposition(aten.randint_like.low_dtype)
 def randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(None, memory_format):
+    if _declines(memory_format):
         return NotImplemented
     return _integers(self, low, high, dtype, device)
 
@@ -244,3 +248,51 @@ def randperm_out(n, *, out):
     result = aten.randperm.default(n, dtype=out.dtype, device=out.device)
     resize_out(out, result.shape)
     return aten.copy_.default(out, result)
+
+
+# NOTE: multinomial has no decomposition in PyTorch. With replacement: inverse CDF, each draw
+# the first category whose cumulative probability (float64) reaches a uniform in (0, 1].
+# Without replacement: the exponential race the CPU kernel also runs (Gumbel top-k): category i
+# finishes at E_i / p_i with E_i ~ Exp(1), and the first num_samples to finish, in finishing
+# order, are distributed as successive draws without replacement. Same distribution as the native
+# kernel, another stream (it draws differently); eager's argument errors are checked first,
+# and those that read the probabilities make the call run on the bypass path.
+def _multinomial_checks(self, n_sample, replacement):
+    if self.dim() not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {self.dtype}")
+    if n_sample <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and n_sample > self.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    bad = aten.logical_or.default(aten.logical_not.default(aten.isfinite.default(self)), aten.lt.Scalar(self, 0))
+    if aten._local_scalar_dense.default(aten.any.default(bad)):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    rows = self if self.dim() == 2 else aten.unsqueeze.default(self, 0)
+    if aten._local_scalar_dense.default(aten.any.default(aten.le.Scalar(aten.sum.dim_IntList(rows, [1]), 0))):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+@project_decomposition(aten.multinomial.default)
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    _multinomial_checks(self, num_samples, replacement)
+    rows = aten._to_copy.default(self if self.dim() == 2 else aten.unsqueeze.default(self, 0), dtype=torch.float64)
+    b, n = rows.shape
+    if replacement:
+        cdf = aten.cumsum.default(aten.div.Tensor(rows, aten.sum.dim_IntList(rows, [1], True)), 1)  # [b, n]
+        u = aten.rsub.Scalar(aten.rand.default([b, num_samples], dtype=torch.float64, device=self.device), 1.0)  # (0, 1]
+        below = aten.lt.Tensor(aten.unsqueeze.default(cdf, 1), aten.unsqueeze.default(u, 2))  # [b, s, n]
+        picks = aten.clamp.default(aten.sum.dim_IntList(below, [2]), None, n - 1)
+        # rounding can leave the last cumulative sum under u: the last category with mass, not a zero one
+        last = aten.sub.Tensor(aten.sub.Scalar(aten.full.default([b, 1], n, dtype=torch.int64, device=self.device), 1),
+                               aten.argmax.default(aten._to_copy.default(aten.flip.default(aten.gt.Scalar(rows, 0), [1]), dtype=torch.int64), 1, True))
+        picks = aten.minimum.default(picks, last)
+    else:
+        # as the CPU kernel: the largest p / E (zero-probability categories tie at 0, and come last)
+        e = aten.neg.default(aten.log1p.default(aten.neg.default(aten.rand.default([b, n], dtype=torch.float64, device=self.device))))
+        picks = aten.topk.default(aten.div.Tensor(rows, e), num_samples, 1, True, True)[1]
+    picks = aten._to_copy.default(picks, dtype=torch.int64)
+    return picks if self.dim() == 2 else aten.squeeze.dim(picks, 0)

@@ -230,3 +230,35 @@ def test_cummax_cummin_tie_break_as_the_kernel(op, x):
         for w, g in zip(want, got):
             assert w.dtype == g.dtype and w.stride() == g.stride() and torch.equal(w.nan_to_num(), g.nan_to_num())
             assert torch.equal(w.isnan(), g.isnan()) if w.is_floating_point() else True
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_multinomial_distribution_and_seed(replacement):
+    # another stream than the native kernel's: checked statistically, and reproducible under a seed
+    p = torch.tensor([0.1, 0.0, 0.5, 0.4])
+    rows, k = 20000, 3 if replacement else 2
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        torch.manual_seed(3)
+        a = torch.multinomial(p.expand(rows, 4), k, replacement)
+        torch.manual_seed(3)
+        b = torch.multinomial(p.expand(rows, 4), k, replacement)
+        c = torch.multinomial(p.expand(rows, 4), k, replacement)
+    rec.assert_only("core_aten")
+    assert a.dtype == torch.int64 and a.shape == (rows, k) and torch.equal(a, b) and not torch.equal(a, c)
+    native = torch.multinomial(p.expand(rows, 4), k, replacement)
+    for j in range(k):  # each draw's frequencies agree with the native kernel's (4 sigma)
+        f_ours = torch.bincount(a[:, j], minlength=4) / rows
+        f_native = torch.bincount(native[:, j], minlength=4) / rows
+        assert f_ours[1] == 0 and torch.all((f_ours - f_native).abs() <= 4 * (2 * 0.25 / rows) ** 0.5)
+    if not replacement:
+        assert torch.all(a[:, 0] != a[:, 1])
+
+
+@pytest.mark.parametrize("probs", [[0.5, -1.0], [0.0, 0.0], [1.0, float("nan")]])
+def test_multinomial_refuses_what_eager_refuses(probs):
+    p = torch.tensor(probs)
+    with pytest.raises(RuntimeError) as want:
+        torch.multinomial(p, 1)
+    with ed.EagerDecompMode("core_aten"), pytest.raises(RuntimeError) as got:
+        torch.multinomial(p, 1)
+    assert str(got.value) == str(want.value)
