@@ -292,19 +292,26 @@ def _resolve_all(op_name):
     return resolve_op(op_name)
 
 
-# the modules whose code decides the graph: a change to any of them rebuilds it
-_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "table.py", "decomps.py", "variants.py", "opset.py")
+# the modules whose code decides the graph: a change to any of them rebuilds it (with the
+# project's fill modules, table.FILL_MODULES)
+_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "routes.py", "registry.py",
+                  "table.py", "variants.py", "opset.py")
 
 
-def _fingerprint(tables: dict) -> str:
+def _fingerprint() -> str:
+    """The torch version and the sources that decide the graph.
+
+    NOTE: read from the files, not from the tables built in this process: building both
+    flavours' tables costs seconds, which every cached answer would pay, and the graph is
+    built in a fresh process where this process's own registrations do not exist anyway.
+    """
+    from ..table import FILL_MODULES
+
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent.parent  # the package: sources are named from there
-    for path in _GRAPH_SOURCES:
-        h.update(path.encode() + (here / path).read_bytes())
-    for flavour, table in sorted(tables.items()):
-        h.update(flavour.encode())
-        for op in sorted(table, key=str):
-            h.update(f"{op}={_via(op, table)}".encode())
+    for path in _GRAPH_SOURCES + tuple(f"{m}.py" for m in FILL_MODULES):
+        if (here / path).exists():
+            h.update(path.encode() + (here / path).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -337,7 +344,7 @@ def load_graph(rebuild: bool = False, quiet: bool = False) -> "Graph":
 
 def cache_path() -> Path:
     """Where :func:`load_graph` keeps the graph for this torch and these sources."""
-    return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{_fingerprint(_tables())}.json"
+    return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{_fingerprint()}.json"
 
 
 def save_graph(graph: "Graph", path=None) -> None:
