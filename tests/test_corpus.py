@@ -168,3 +168,19 @@ def test_verdicts_hold_when_the_models_run(sample_graph):
                     _run(model, opset)
                 assert any(b in str(err.value) for b in m.blockers[model]), (model, m.blockers[model], str(err.value))
     assert {"runs", "blocked"} <= seen
+
+
+def test_record_writes_a_corpus_the_analysis_reads(tmp_path, monkeypatch):
+    """`coverage record` end to end on two of the hand-written CNNs (no transformers needed)."""
+    monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "models.json"
+    assert main(["coverage", "record", "--only", "cnn/LeNet5", "cnn/ResNet", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["versions"]["torch"] == torch.__version__ and data["recorded"] and data["skipped"] == {}
+    corpus = load_corpus(out)
+    assert set(corpus.models) == {"cnn/LeNet5", "cnn/ResNet"}
+    lenet = corpus.models["cnn/LeNet5"]["ops"]
+    # two Tanh layers, forward only; backward and AdamW ops are there too
+    assert lenet["aten.tanh.default"] == 2 and lenet["aten.tanh_backward.default"] == 2
+    assert "aten.convolution_backward.default" in lenet and "aten.addcdiv_.default" in lenet
+    assert not list((tmp_path / "cache" / "coverage").glob("record-*.jsonl"))  # the checkpoint is gone once written
