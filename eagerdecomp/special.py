@@ -221,3 +221,50 @@ for _op, _nu, _scaled, _half in (
     (aten.special_modified_bessel_i1.default, 1, False, False),
 ):
     project_decomposition(_op)(_bessel(_nu, _scaled, _half))
+
+
+# -- erfc and erfcx: 1 - erf(x) where that loses nothing (x < 2, erfc >= 0.0046), Laplace's
+# continued fraction x + (1/2)/(x + 1/(x + (3/2)/(x + ...))) for x >= 2, evaluated bottom-up
+# to a fixed depth; erfc(-x) = 2 - erfc(x) ------------------------------------------------------
+_CF_DEPTH = 80
+_SQRT_PI = math.sqrt(math.pi)
+
+
+def _erfc_fraction(x):  # x >= 2: erfc(x) = exp(-x^2) / (sqrt(pi) * fraction)
+    f = aten.clone.default(x)
+    for k in range(_CF_DEPTH, 0, -1):
+        f = aten.add.Tensor(x, aten.div.Tensor(_c(k / 2, x), f))
+    return aten.mul.Tensor(f, _SQRT_PI)
+
+
+def _erfc64(x, scaled):
+    a = aten.abs.default(x)
+    far = aten.ge.Scalar(a, 2.0)
+    fraction = _erfc_fraction(_where(far, a, _c(2.0, a)))
+    x2 = aten.mul.Tensor(a, a)
+    if scaled:  # erfcx(|x|) = exp(x^2) erfc(|x|)
+        near = aten.mul.Tensor(aten.exp.default(x2), aten.rsub.Scalar(aten.erf.default(a), 1.0))
+        pos = _where(far, aten.reciprocal.default(fraction), near)
+        neg = aten.sub.Tensor(aten.mul.Tensor(aten.exp.default(x2), 2.0), pos)  # erfcx(-x) = 2 e^(x^2) - erfcx(x)
+    else:
+        near = aten.rsub.Scalar(aten.erf.default(a), 1.0)
+        pos = _where(far, aten.div.Tensor(aten.exp.default(aten.neg.default(x2)), fraction), near)
+        neg = aten.rsub.Scalar(pos, 2.0)
+    out = _where(aten.lt.Scalar(x, 0), neg, pos)
+    if scaled:  # erfcx(+inf) = 0 (the fraction is inf there), erfcx(-inf) = inf
+        out = _where(aten.eq.Scalar(x, math.inf), _c(0.0, x), out)
+    return out
+
+
+@project_decomposition(aten.erfc.default)
+def erfc(self):
+    if not _supported(self):
+        return NotImplemented
+    return _out(_erfc64(_f64(self), scaled=False), self)
+
+
+@project_decomposition(aten.special_erfcx.default)
+def erfcx(self):
+    if not _supported(self) or self.dtype in (torch.float16, torch.bfloat16):
+        return NotImplemented  # no native kernel at 16-bit floats: eager raises
+    return _out(_erfc64(_f64(self), scaled=True), self)

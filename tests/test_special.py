@@ -31,6 +31,9 @@ FUNCTIONS = {
     "special.i1e": (torch.special.i1e, WIDE, True),
     "special.modified_bessel_i0": (torch.special.modified_bessel_i0, WIDE, False),
     "special.modified_bessel_i1": (torch.special.modified_bessel_i1, WIDE, False),
+    "erfc": (torch.erfc, WIDE, True),
+    "special.erfcx": (torch.special.erfcx, WIDE, False),
+    "special.log_ndtr": (torch.special.log_ndtr, WIDE, False),
 }
 TOL = {torch.float64: (1e-7, 1e-7), torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
 
