@@ -262,3 +262,20 @@ def test_multinomial_refuses_what_eager_refuses(probs):
     with ed.EagerDecompMode("core_aten"), pytest.raises(RuntimeError) as got:
         torch.multinomial(p, 1)
     assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("op", [torch.gcd, torch.lcm], ids=["gcd", "lcm"])
+def test_gcd_lcm_exact(op, dtype):
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype == torch.uint8 else -100
+    a, b = (torch.randint(lo, 100, (500,), generator=g).to(dtype) for _ in range(2))
+    a[:3], b[1:4] = 0, 0
+    if dtype == torch.int64:  # consecutive Fibonacci numbers: Euclid's longest runs
+        a = torch.cat([a, torch.tensor([2**62, 7540113804746346429])])
+        b = torch.cat([b, torch.tensor([3 * 2**40, 4660046610375530309])])
+    want = op(a, b)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = op(a, b)
+    rec.assert_only("core_aten")
+    assert got.dtype == want.dtype and torch.equal(got, want)
