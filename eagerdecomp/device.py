@@ -50,9 +50,11 @@ from typing import Iterable, Mapping, Union
 import torch
 from torch._C import DispatchKey
 
-from .errors import BackendError, UnsupportedOpError
+from .errors import BackendError
 from .opset import OpSet, _op_from_name
+from .routes import device_refusal
 from .runtime import Runtime, runtime_for
+from .stats import Route
 
 __all__ = ["enable", "disable", "enabled", "device_opset", "enable_from_env", "DISPATCH_KEYS", "Backend"]
 
@@ -79,7 +81,15 @@ class Backend:
     library: torch.library.Library  # the fallback
     composites: torch.library.Library  # the composite ops taken over (see the module docstring)
     device_ops: OpSet  # the device's own kernels, read before enabling
-    kept_composite: Counter  # calls of taken-over ops that had no path and ran PyTorch's composite
+
+    @property
+    def kept_composite(self) -> Counter:
+        """Calls of taken-over ops that had no path and ran PyTorch's composite kernel, per op."""
+        out: Counter = Counter()
+        for (op, route, _, _), n in self.runtime.stats.counts().items():
+            if route is Route.COMPOSITE:
+                out[op] += n
+        return out
 
     def report(self):
         """Per-op :class:`~eagerdecomp.stats.Report` of everything the fallback saw."""
@@ -154,6 +164,9 @@ def _fallback_for(runtime: Runtime, device_type: str):
                 f"{op}: in the target opset but {device_type!r} has no kernel for it; expected every "
                 "opset op to run on the device. Register its kernel or leave it out of the opset."
             )
+        refusal = device_refusal(op, device_type, runtime.table)  # a collective or a custom op with no path
+        if refusal is not None:
+            raise refusal
         stack = getattr(_tls, "stack", None)
         if stack is None:
             stack = _tls.stack = []
@@ -232,27 +245,17 @@ def enable(
         library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
         library.fallback(kernel, key)
         composites = torch.library.Library("aten", "IMPL")  # noqa: TOR901
-        kept: Counter = Counter()
         for op, composite_key in _composites_to_take_over(runtime, have):
-            composites.impl(op, _take_over(kernel, runtime, op, composite_key, kept), key)
-        backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have, kept)
+            # with no path to the opset, the runtime runs this composite (Route.COMPOSITE)
+            runtime.composites[op] = composite_key
+            composites.impl(op, _take_over(kernel, op), key)
+        backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have)
         return backend
 
 
-def _take_over(kernel, runtime: Runtime, op, composite_key, kept: Counter):
+def _take_over(kernel, op):
     def take_over(*args, **kwargs):
-        try:
-            return kernel(op, *args, **kwargs)
-        except UnsupportedOpError as e:
-            if e.op is not op:  # an op further down has no path: its own error stands
-                raise
-            # NOTE: no path to the opset from this op (its decomposition leads to an op with
-            # none): run PyTorch's composite kernel, as the device would without eagerdecomp.
-            # The trace failed over fake tensors, so nothing ran yet. Not an unsupported op.
-            if runtime.stats.unsupported[op] > 0:
-                runtime.stats.unsupported[op] -= 1
-            kept[op] += 1
-            return op._op_dk(composite_key, *args, **kwargs)
+        return kernel(op, *args, **kwargs)
 
     return take_over
 
@@ -277,8 +280,14 @@ def _composites_to_take_over(runtime: Runtime, have: OpSet) -> list:
             # the device's own); taken over whole, a list of per-parameter floats (AdamW's step
             # sizes) is keyed by value and retraced every step, and _foreach_mul has no path.
             continue
+        # NOTE: some overloads torch exposes have no dispatcher entry under their name
+        # (_index_put_impl_.hacked_twin): nothing to take over there
         for dk in _TAKEN_OVER_KEYS:
-            if has(op.name(), dk.name):
+            try:
+                found = has(op.name(), dk.name)
+            except RuntimeError:
+                break
+            if found:
                 out.append((op, dk))
                 break
     return out

@@ -19,7 +19,9 @@ from typing import Callable, Iterable, Mapping, Union
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opset import OpSet
+from .routes import defers_to_subclass
 from .runtime import runtime_for
+from .stats import Route
 
 __all__ = ["EagerDecompMode"]
 
@@ -56,8 +58,13 @@ class EagerDecompMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # NOTE: only routes. Opset ops are the hot path: one set lookup, then the op.
+        if types and defers_to_subclass(types):
+            # NOTE: a tensor subclass with its own dispatch (DTensor) runs first, with this mode
+            # still active: its sharding propagation sees the op the user called, and the local
+            # ops it runs come back here as plain tensors.
+            return NotImplemented
         if func in self._ops:
-            self.runtime.stats.passthrough[func] += 1
+            self.runtime.stats.record(func, Route.PASSTHROUGH)
             return func(*args, **(kwargs or {}))
         return self._dispatch(func, args, kwargs or {})
 

@@ -6,8 +6,11 @@ Every call that reaches the mode is timed and put under one route:
 ``passthrough``  an opset op, run as it is;
 ``replay``       a cache hit: a traced kernel replayed;
 ``tracing``      a cache miss: the decomposition traced into a kernel (plus its first run);
-``eager``        a bypass: decomposed on the real tensors, call after call;
-``native``       no path to the opset, run natively (``on_unsupported="fallthrough"``).
+``eager``        a bypass (a remembered one too): decomposed on the real tensors, call after call;
+``native``       no path to the opset, run natively (``on_unsupported="fallthrough"``);
+
+and the routes of ops outside ATen compute (``communication``, ``custom op``,
+``custom kernel``). The route is the one the runtime recorded for the call.
 
 The time outside the mode (Python, autograd, the framework) is the rest of the wall
 time. Timing is done by a subclass of the mode used only here, so the ordinary mode
@@ -32,39 +35,52 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .mode import EagerDecompMode
-from .stats import Report
+from .stats import Report, Route, Stats
 
 __all__ = ["profile", "profile_script", "Profile", "ROUTES"]
 
-ROUTES = ("passthrough", "replay", "tracing", "eager", "native")
+# The profile's name for each recorded route (eagerdecomp.stats.Route), in display order.
+_NAMES = {
+    Route.PASSTHROUGH: "passthrough",
+    Route.REPLAY: "replay",
+    Route.TRACE: "tracing",
+    Route.EAGER: "eager",
+    Route.NATIVE: "native",
+    Route.UNSUPPORTED: "unsupported",
+    Route.COMPOSITE: "composite",
+    Route.COMMUNICATION: "communication",
+    Route.CUSTOM_OP: "custom op",
+    Route.CUSTOM_KERNEL: "custom kernel",
+}
+ROUTES = tuple(_NAMES.values())
+
+
+class _LastRoute(Stats):
+    """Stats that also remember the route of the call just recorded, for the timer."""
+
+    def record(self, op, route, reason=None, cache=None) -> None:
+        super().record(op, route, reason, cache)
+        self.last = route
 
 
 class _TimedMode(EagerDecompMode):
-    """EagerDecompMode that times each call and files it under the route it took."""
+    """EagerDecompMode that times each call and files it under the route the runtime recorded."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.runtime.stats = _LastRoute()
         self.seconds: dict = defaultdict(float)  # (op, route) -> s
         self.counts: Counter = Counter()  # (op, route) -> calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         stats = self.runtime.stats
-        before = (stats.misses[func], stats.hits[func], stats.unsupported[func])
+        stats.last = None
         t0 = time.perf_counter()
         try:
             return super().__torch_dispatch__(func, types, args, kwargs)
         finally:
             dt = time.perf_counter() - t0
-            if func in self._ops:
-                route = "passthrough"
-            elif stats.unsupported[func] > before[2]:
-                route = "native"
-            elif stats.misses[func] > before[0]:
-                route = "tracing"
-            elif stats.hits[func] > before[1]:
-                route = "replay"
-            else:
-                route = "eager"
+            route = _NAMES.get(stats.last, "unsupported")  # None: it raised before recording
             self.seconds[func, route] += dt
             self.counts[func, route] += 1
 

@@ -11,14 +11,15 @@ import warnings
 
 import torch
 
-from .cache import KernelCache, Negative, cache_for
+from .cache import ByValue, Bypassed, KernelCache, Unsupported, cache_for
 from .errors import EagerDecompError, UnsupportedArgumentError, UnsupportedOpError
 from .key import Bypass, make_key
-from .lower import Lowerer, Stuck, is_infrastructure
+from . import routes
+from .lower import Lowerer, Stuck
 from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .registry import version as table_version
-from .stats import Stats
+from .stats import LIFTED, Route, Stats
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
 from .trace import LiftRefused, trace, unalias
@@ -57,6 +58,7 @@ class Runtime:
         self.stats = Stats()
         self._routes: dict = {}
         self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
+        self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -66,8 +68,11 @@ class Runtime:
         return route(func, args, kwargs)
 
     def _route_for(self, func):
-        if func in self.ops or is_infrastructure(func):
+        if func in self.ops:
             return self.passthrough
+        route = routes.custom_route(func, self.table)  # collectives, infrastructure, custom ops
+        if route is not None:
+            return routes.handler(self, route)
         for tag, reason in _BYPASS_TAGS.items():
             if tag in func.tags:
                 return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
@@ -75,7 +80,7 @@ class Runtime:
 
     # -- routes --------------------------------------------------------------------
     def passthrough(self, func, args, kwargs):
-        self.stats.passthrough[func] += 1
+        self.stats.record(func, Route.PASSTHROUGH)
         return func(*args, **kwargs)
 
     def decompose(self, func, args, kwargs):
@@ -92,64 +97,76 @@ class Runtime:
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
-        entry = self.cache.get(key)
-        if entry is None:
-            stats.misses[func] += 1
-            entry = self._trace(func, args, kwargs, tensors, lifted)
-            self.cache.put(key, entry)
-        else:
-            stats.hits[func] += 1
+        entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted)
+        cache = "miss" if made else "hit"
         if type(entry) is Kernel:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
+            route = Route.TRACE if cache == "miss" else Route.REPLAY
             if lifted:
-                stats.lifted.add(func)
+                stats.record(func, route, LIFTED, cache)
                 return entry(tensors + [v for _, v in lifted])
+            stats.record(func, route, None, cache)
             return entry(tensors)
-        if entry.kind == "by value":
+        if type(entry) is ByValue:
             # its floats change the graph: key them by value from now on, in this runtime
             self._lift[func] = ()
-            stats.by_value.add(func)
+            stats.keyed_by_value(func)
             return self.decompose(func, args, kwargs)
-        stats.negative[func, entry.reason] += 1
-        if entry.kind == "bypass":
-            return self._lower_eagerly(func, args, kwargs)
-        return self.unsupported(func, args, kwargs, entry.error)
+        if type(entry) is Bypassed:
+            if not made:
+                return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
+            try:
+                return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
+            except Exception:
+                # NOTE: eager refuses this call too (a bad argument, overlapping out=): the trace
+                # failed for the call, not the key, so later valid calls may still get a kernel
+                self.cache.discard(key)
+                raise
+        return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
 
     def _trace(self, func, args, kwargs, tensors, lifted=()):
+        """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
         try:
             kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
         except LiftRefused as e:
-            return Negative("by value", str(e))
+            return ByValue(str(e))
         except Bypass as b:
             if lifted:  # the stand-in values, not the call, may be what failed: retry by value
-                return Negative("by value", b.reason)
-            return Negative("bypass", b.reason)
+                return ByValue(b.reason)
+            return Bypassed(b.reason)
         except UnsupportedOpError as e:
-            return Negative("unsupported", e.reason, e)
-        self.stats.traces[func] += 1
+            return Unsupported(tuple(e.chain), e.reason)
         self.stats.record_kernel(kernel)
         return kernel
 
     def bypass(self, func, args, kwargs, reason):
         """Decompose eagerly on the real tensors: still only opset ops run below."""
-        self.stats.bypassed[func, reason] += 1
-        return self._lower_eagerly(func, args, kwargs)
+        return self._lower_eagerly(func, args, kwargs, reason, None)
 
-    def _lower_eagerly(self, func, args, kwargs):
+    def _lower_eagerly(self, func, args, kwargs, reason, cache):
         try:
             out = Lowerer(self.opset, self.table, _call).lower(func, args, kwargs)
         except Stuck as e:
-            return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason))
+            return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
+        self.stats.record(func, Route.EAGER, reason, cache)
         return unalias(func, args, kwargs, out)
 
-    def unsupported(self, func, args, kwargs, error: UnsupportedOpError):
-        self.stats.unsupported[func] += 1
+    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None):
+        """No path to the opset: the composite kernel (device switch), an error, or a native run."""
+        composite = self.composites.get(func)
+        if composite is not None and error.op is func:
+            # NOTE: a taken-over op whose decomposition leads to an op with no path runs PyTorch's
+            # composite kernel, as the device would without eagerdecomp. The trace failed over
+            # fake tensors (or lowering stopped before any real op), so nothing ran yet.
+            self.stats.record(func, Route.COMPOSITE, error.reason, cache)
+            return func._op_dk(composite, *args, **kwargs)
         if self.on_unsupported == "error":
+            self.stats.record(func, Route.UNSUPPORTED, error.reason, cache)
             raise (error.with_hint(self.hint) if self.hint else error) from None
         if self.on_unsupported == "warn":
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
-        self.stats.fallthrough[func] += 1
+        self.stats.record(func, Route.NATIVE, error.reason, cache)
         return func(*args, **kwargs)
 
 

@@ -1,91 +1,168 @@
-"""Per-op counters of a runtime and their report.
+"""What a runtime did, per op: one record per call, and the report made from them.
 
-Every call is counted under exactly one route: passed through, decomposed
-(hit or miss; misses that produced a kernel count as traces), bypassed (with
-its reason), or unsupported (and, under ``on_unsupported="fallthrough"`` or
-``"warn"``, run natively).
+Every call is recorded once, at the site that decided its route, as
+``(op, route, reason, cache)``: ``route`` a :class:`Route`, ``reason`` why (a
+bypass's reason, "floats lifted"...), ``cache`` whether a cache entry answered
+it (``"hit"``), one was made for it (``"miss"``) or none was consulted (None).
+The report and :func:`eagerdecomp.profile` read these records; nothing infers a
+route from which counter moved.
+
+Records are counted per thread (each thread writes only its own shard), so
+concurrent callers never lose an update and the hot path takes no lock;
+reading the report sums the shards.
 """
 
 from __future__ import annotations
 
+import enum
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Stats", "Report", "OpRow"]
+__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED"]
+
+LIFTED = "floats lifted"  # the reason of a replay whose float arguments were kernel inputs
+
+
+class Route(str, enum.Enum):
+    """Where a call went. A ``str`` so reports and JSON show the plain name."""
+
+    PASSTHROUGH = "passthrough"  # an opset op, run as it is
+    REPLAY = "replay"  # a traced kernel replayed (cache hit)
+    TRACE = "trace"  # traced into a kernel, then run (cache miss)
+    EAGER = "eager"  # decomposed on the real tensors: no replayable kernel (reason says why)
+    UNSUPPORTED = "unsupported"  # no path to the opset: raised
+    NATIVE = "native"  # no path to the opset: run natively (on_unsupported="fallthrough"/"warn")
+    COMPOSITE = "composite"  # device switch: no path, so PyTorch's composite kernel ran
+    COMMUNICATION = "communication"  # a collective: passed through to the process group
+    CUSTOM_OP = "custom op"  # a custom op whose Python implementation ran under eagerdecomp
+    CUSTOM_KERNEL = "custom kernel"  # a custom op's opaque kernel: passed through
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ROUTED = (Route.COMMUNICATION, Route.CUSTOM_OP, Route.CUSTOM_KERNEL)
 
 
 class Stats:
+    """Per-thread call records of one runtime, plus what its kernels run."""
+
     def __init__(self):
-        self.passthrough = Counter()
-        self.hits = Counter()
-        self.misses = Counter()
-        self.traces = Counter()
-        self.bypassed = Counter()  # (op, reason) -> n: calls that skipped the cache
-        self.negative = Counter()  # (op, reason) -> n: cache entries that said "run eagerly"
-        self.unsupported = Counter()
-        self.fallthrough = Counter()
+        self._tls = threading.local()
+        self._shards: list = []
+        self._lock = threading.Lock()  # shard list and kernel facts; never on the per-call path
         self.leaf_ops: dict = {}  # op -> set of opset ops its kernels call
         self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
         self.random = set()  # ops whose kernels draw random numbers
-        self.lifted = set()  # ops replayed with float arguments as kernel inputs
         self.by_value = set()  # ops whose float arguments had to be keyed by value
+
+    def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
+        """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
+        try:
+            shard = self._tls.shard
+        except AttributeError:
+            shard = self._tls.shard = Counter()
+            with self._lock:
+                self._shards.append(shard)
+        shard[op, route, reason, cache] += 1
+
+    def counts(self) -> Counter:
+        """``(op, route, reason, cache) -> calls``, summed over threads."""
+        total: Counter = Counter()
+        with self._lock:
+            shards = list(self._shards)
+        for shard in shards:
+            total.update(shard.copy())
+        return total
+
+    def ops(self, route: Route) -> set:
+        """The ops with at least one call recorded under ``route``."""
+        return {op for (op, r, _, _) in self.counts() if r is route}
 
     def record_kernel(self, kernel) -> None:
         """Note what ``kernel`` runs (on each trace, and on the first hit of an op)."""
-        self.leaf_ops.setdefault(kernel.op, set()).update(kernel.leaf_ops)
-        self.fixups.setdefault(kernel.op, set()).update(kernel.fixups)
-        if kernel.random:
-            self.random.add(kernel.op)
+        with self._lock:
+            self.leaf_ops.setdefault(kernel.op, set()).update(kernel.leaf_ops)
+            self.fixups.setdefault(kernel.op, set()).update(kernel.fixups)
+            if kernel.random:
+                self.random.add(kernel.op)
+
+    def keyed_by_value(self, op) -> None:
+        with self._lock:
+            self.by_value.add(op)
 
     def clear(self) -> None:
-        self.__init__()
+        with self._lock:
+            for shard in self._shards:
+                shard.clear()
+            self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
 
     def report(self) -> "Report":
-        ops = set(self.passthrough) | set(self.hits) | set(self.misses) | set(self.unsupported)
-        ops |= {op for op, _ in self.bypassed}
-        rows = []
-        for op in sorted(ops, key=str):
-            rows.append(
-                OpRow(
-                    op=str(op),
-                    passthrough=self.passthrough[op],
-                    hits=self.hits[op],
-                    misses=self.misses[op],
-                    traces=self.traces[op],
-                    bypassed={r: n for (o, r), n in self.bypassed.items() if o == op},
-                    negative={r: n for (o, r), n in self.negative.items() if o == op},
-                    unsupported=self.unsupported[op],
-                    fallthrough=self.fallthrough[op],
-                    into=sorted(str(o) for o in self.leaf_ops.get(op, ())),
-                    fixups=sorted(self.fixups.get(op, ())),
-                    random=op in self.random,
-                    lifted=op in self.lifted,
-                    by_value=op in self.by_value,
-                )
-            )
-        return Report(rows)
+        rows: dict = {}
+        for (op, route, reason, cache), n in self.counts().items():
+            row = rows.get(op)
+            if row is None:
+                row = rows[op] = OpRow(op=str(op))
+            row.add(route, reason, cache, n)
+        for op, row in rows.items():
+            row.into = sorted(str(o) for o in self.leaf_ops.get(op, ()))
+            row.fixups = sorted(self.fixups.get(op, ()))
+            row.random = op in self.random
+            row.by_value = op in self.by_value
+        return Report([rows[op] for op in sorted(rows, key=str)])
 
 
 @dataclass
 class OpRow:
+    """One op's calls. ``hits`` are kernel replays; ``remembered`` calls answered by a
+    negative cache entry (a remembered bypass or refusal), whose reasons are in ``negative``
+    together with the miss that made the entry; ``bypassed`` counts calls that were never
+    keyed (by reason)."""
+
     op: str
     passthrough: int = 0
     hits: int = 0
+    remembered: int = 0
     misses: int = 0
     traces: int = 0
     bypassed: dict = field(default_factory=dict)
     negative: dict = field(default_factory=dict)
     unsupported: int = 0
     fallthrough: int = 0
+    composite: int = 0  # device switch: no path, PyTorch's composite kernel ran
+    calls: int = 0
+    routed: dict = field(default_factory=dict)  # route name -> calls (communication, custom op, custom kernel)
     into: list = field(default_factory=list)
     fixups: list = field(default_factory=list)
     random: bool = False
     lifted: bool = False
     by_value: bool = False
 
-    @property
-    def calls(self) -> int:
-        return self.passthrough + self.hits + self.misses + sum(self.bypassed.values())
+    def add(self, route: Route, reason, cache, n: int) -> None:
+        """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
+        self.calls += n
+        if cache == "miss":
+            self.misses += n
+        elif cache == "hit" and route is not Route.REPLAY:
+            self.remembered += n
+        if route is Route.REPLAY:
+            self.hits += n
+            self.lifted = self.lifted or reason == LIFTED
+        elif route is Route.TRACE:
+            self.traces += n
+        elif route is Route.PASSTHROUGH:
+            self.passthrough += n
+        elif route is Route.COMPOSITE:
+            self.composite += n
+        elif route in _ROUTED:
+            self.routed[route.value] = self.routed.get(route.value, 0) + n
+        else:  # EAGER, UNSUPPORTED, NATIVE: a reason says why
+            self.unsupported += n if route is not Route.EAGER else 0
+            self.fallthrough += n if route is Route.NATIVE else 0
+            if reason is not None:
+                into = self.negative if cache else self.bypassed
+                into[reason] = into.get(reason, 0) + n
 
     @property
     def route(self) -> str:
@@ -95,6 +172,10 @@ class OpRow:
             return "bypassed"
         if self.hits or self.misses:
             return "decomposed"
+        if self.composite:
+            return Route.COMPOSITE.value
+        if self.routed:
+            return max(self.routed, key=self.routed.get)
         return "passthrough"
 
 
@@ -116,7 +197,7 @@ class Report:
 
     def __str__(self) -> str:
         width = max([48] + [len(r.op) for r in self.rows])
-        head = f"{'op':{width}} {'route':12} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5}  notes"
+        head = f"{'op':{width}} {'route':14} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5}  notes"
         lines = [head, "-" * len(head)]
         for r in self.rows:
             calls = r.calls
@@ -134,7 +215,9 @@ class Report:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:
                 notes.append("draws random numbers (stream may differ from the native kernel)")
-            lines.append(f"{r.op:{width}} {r.route:12} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}")
-        counts = {k: len(self.by_route(k)) for k in ("passthrough", "decomposed", "bypassed", "unsupported")}
+            lines.append(f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}")
+        routes = ["passthrough", "decomposed", "bypassed", "unsupported"]
+        routes += sorted({r.route for r in self.rows} - set(routes))  # collectives, custom ops
+        counts = {k: len(self.by_route(k)) for k in routes}
         lines.append(", ".join(f"{v} {k}" for k, v in counts.items()) + " ops")
         return "\n".join(lines)

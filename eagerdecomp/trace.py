@@ -18,10 +18,7 @@ the op's own meta kernel (its eager output metadata) and its schema:
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import operator
-import warnings
 
 import torch
 import torch.fx as fx
@@ -41,7 +38,7 @@ from .key import Bypass
 from .lower import _IDENTITY, Lowerer, Stuck
 from .lift import stand_ins
 from .replay import Kernel
-from .variants import ResizeOutputWarning
+from .quiet import quiet
 
 __all__ = ["trace", "swap_tensors", "unalias", "LiftRefused"]
 
@@ -150,16 +147,24 @@ class _Ref:
         return self.outs[i] if i < len(self.outs) else None
 
 
+def _fake_mode() -> FakeTensorMode:
+    mode = FakeTensorMode()
+    # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
+    # shapes that change every call it grows for the life of the process. Our kernel cache is
+    # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
+    mode.cache_enabled = False
+    return mode
+
+
 def _reference(func, args, kwargs):
     """A :class:`_Ref` for this call; None if the op has no meta kernel."""
-    mode = FakeTensorMode()
+    mode = _fake_mode()
     fakes = [mode.from_tensor(t) for t in _flat_tensors(args, kwargs)]
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     try:
-        with warnings.catch_warnings(), _quiet_fakes(), mode:
-            warnings.simplefilter("ignore")  # the real call warns for itself
+        with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
     except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
         return None
@@ -180,18 +185,6 @@ def _input_layout(out, args):
 _META_LAYOUT_FIXES = {
     aten.max_unpool2d.default: _input_layout,  # eager keeps a channels-last input channels-last
 }
-
-
-@contextlib.contextmanager
-def _quiet_fakes():
-    # NOTE: FakeTensorMode logs every failing meta kernel with a traceback at ERROR level.
-    # A call eager rejects fails on fakes first; the real call then raises the user's error.
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    disabled, log.disabled = log.disabled, True
-    try:
-        yield
-    finally:
-        log.disabled = disabled
 
 
 def _flat_tensors(args, kwargs) -> list:
@@ -306,13 +299,6 @@ def unalias(func, args, kwargs, out):
     return tree_unflatten(flat, spec)
 
 
-def _replayed(w) -> bool:
-    # NOTE: only the warning eager raises on every call (an out= tensor resized: ours, or
-    # torch's out_wrapper's) is replayed; anything else raised while tracing, such as
-    # deprecations inside torch's decompositions, is an artifact of tracing and dropped.
-    return issubclass(w.category, ResizeOutputWarning) or "was resized since it had shape" in str(w.message)
-
-
 def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
     """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel`.
 
@@ -358,7 +344,7 @@ def _same_kernel(a: Kernel, b: Kernel) -> bool:
 
 
 def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kernel:
-    fake_mode = FakeTensorMode()
+    fake_mode = _fake_mode()
     emitter = _Emitter(fake_mode)
     fakes = [fake_mode.from_tensor(t) for t in tensors]
     for i, f in enumerate(fakes):
@@ -370,8 +356,10 @@ def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kern
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     lowerer = Lowerer(opset, table, emitter)
     try:
-        with warnings.catch_warnings(record=True) as caught, _quiet_fakes(), fake_mode:
-            warnings.simplefilter("always")
+        # NOTE: only the warning eager raises on every call (an out= tensor resized) is kept
+        # for replay; anything else raised while tracing, such as deprecations inside torch's
+        # decompositions, is an artifact of tracing and dropped (see eagerdecomp.quiet).
+        with quiet() as caught, fake_mode:
             out = lowerer.lower(func, fargs, fkwargs)
     except Stuck as e:
         raise UnsupportedOpError(func, e.chain, e.reason) from None
@@ -391,7 +379,10 @@ def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kern
     fixups: list = []
     nodes = _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
     emitter.graph.output(nodes)
+    # NOTE: FX keeps each generated module's source for tracebacks under a fresh file name, for
+    # the life of the process; one name per op keeps that bounded (a traceback may then show
+    # another kernel's source of the same op).
+    emitter.graph._co_fields = {"co_filename": f"<eagerdecomp kernel {func}>"}
     module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
     module._constants = emitter.constants
-    caught = [(str(w.message), w.category) for w in caught if _replayed(w)]
-    return Kernel(func, module, spec, caught, fixups)
+    return Kernel(func, module, spec, [(text, UserWarning) for text in caught], fixups)

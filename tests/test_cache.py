@@ -1,7 +1,7 @@
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.cache import KernelCache, Negative
+from eagerdecomp.cache import Bypassed, KernelCache
 
 aten = torch.ops.aten
 
@@ -66,9 +66,9 @@ def test_negative_entry_remembers_bypass():
             out = torch.ops.aten.hardswish.default(x)
     torch.testing.assert_close(out, x / x.abs().max())
     row = m.report().row(aten.hardswish.default)
-    assert row.route == "bypassed" and row.misses == 1 and row.hits == 2
+    assert row.route == "bypassed" and row.misses == 1 and row.remembered == 2
     assert row.negative == {"needs a data value": 3}
-    assert isinstance(next(v for v in m.runtime.cache._lru.values() if isinstance(v, Negative)), Negative)
+    assert isinstance(next(v for v in m.runtime.cache._lru.values() if isinstance(v, Bypassed)), Bypassed)
 
 
 def test_cache_info_and_clear():

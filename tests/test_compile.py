@@ -20,6 +20,7 @@ import eagerdecomp as ed
 from eagerdecomp import backend as device_switch
 from eagerdecomp.compile import compile_backend
 from eagerdecomp.errors import BackendError
+from eagerdecomp.stats import Route
 from eagerdecomp.testing import RecordingMode
 
 F = torch.nn.functional
@@ -128,7 +129,7 @@ def test_graph_breaks_match_native_and_stay_in_opset(fn):
     rec.assert_only("core_aten")
     assert set(backend.ops()) <= set(rec.ops)
     # compiled graphs reach the mode as pass-through ops; it decomposes nothing of theirs
-    assert set(backend.ops()) <= set(mode.runtime.stats.passthrough)
+    assert set(backend.ops()) <= mode.runtime.stats.ops(Route.PASSTHROUGH)
 
 
 def test_disabled_region_is_decomposed_by_the_mode():
@@ -211,8 +212,8 @@ def test_training_module_matches_native():
 
 
 def _stats(mode):
-    s = mode.runtime.stats
-    return sum(s.hits.values()), sum(s.misses.values()), sum(s.traces.values())
+    rows = mode.report().rows
+    return sum(r.hits for r in rows), sum(r.misses for r in rows), sum(r.traces for r in rows)
 
 
 def test_recompile_and_mode_cache_coexist():

@@ -1,0 +1,90 @@
+"""Silence what tracing raises, in the tracing thread only.
+
+Tracing runs an op's meta kernel and its decomposition on fake tensors; what
+they warn or log is an artifact of tracing (the real call warns for itself),
+except the warning eager raises on every call that resizes a non-empty out=
+tensor, which a kernel records and replays.
+
+``warnings.catch_warnings`` and ``logger.disabled`` cannot do this: they swap
+process-wide state, so two threads tracing at once restore each other's
+state, leaving every later warning of the process swallowed into a dead list
+and the fake-tensor logger off. Here a warnings filter and a logging filter
+are installed once and act only while the *current thread* is inside
+:func:`quiet`; other threads' warnings and logs are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import warnings
+
+__all__ = ["quiet", "RESIZE_MESSAGE"]
+
+# NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
+# ours all contain it): the one warning raised while tracing that a kernel replays.
+RESIZE_MESSAGE = "was resized since it had shape"
+
+_tls = threading.local()
+_lock = threading.Lock()
+
+
+class _WhileTracing:
+    """A warnings-filter message pattern: matches only in a thread inside :func:`quiet`,
+    and records what it matched there."""
+
+    def match(self, text: str) -> bool:
+        caught = getattr(_tls, "caught", None)
+        if caught is None:
+            return False
+        if RESIZE_MESSAGE in text:
+            caught.append(text)
+        return True
+
+
+class _LogWhileTracing(logging.Filter):
+    def filter(self, record) -> bool:
+        return getattr(_tls, "caught", None) is None
+
+
+_PATTERN = _WhileTracing()
+_FILTER = ("ignore", _PATTERN, Warning, None, 0)
+_LOG_FILTER = _LogWhileTracing()
+# FakeTensorMode logs every failing meta kernel with a traceback at ERROR level; a call
+# eager rejects fails on fakes first, and the real call then raises the user's error.
+_LOGGERS = ("torch._subclasses.fake_tensor",)
+
+
+def _install() -> None:
+    # NOTE: checked on each trace, not once: warnings.resetwarnings() drops the filter, and
+    # a filter added later (pytest.warns' "always") goes in front of it. It must come first
+    # to act; in threads that are not tracing it matches nothing, so its place is harmless.
+    filters = warnings.filters
+    if filters and filters[0] is _FILTER:
+        return
+    with _lock:
+        filters = warnings.filters
+        if not (filters and filters[0] is _FILTER):
+            if _FILTER in filters:
+                filters.remove(_FILTER)
+            filters.insert(0, _FILTER)
+            warnings._filters_mutated()  # the C registry caches filter results by version
+        for name in _LOGGERS:
+            log = logging.getLogger(name)
+            if _LOG_FILTER not in log.filters:
+                log.addFilter(_LOG_FILTER)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence warnings and tracing logs in this thread; yields the list of resize warning
+    texts raised meanwhile (in order). Nests: an inner block records into its own list."""
+    _install()
+    outer = getattr(_tls, "caught", None)
+    caught: list = []
+    _tls.caught = caught
+    try:
+        yield caught
+    finally:
+        _tls.caught = outer
