@@ -35,6 +35,11 @@ conformance: install
 models: install
 	EAGERDECOMP_MODELS=all $(PY) -m pytest tests/test_models.py $(PYTEST_ARGS)
 
+# the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
+STRESS_RUNS ?= 100
+stress: install
+	EAGERDECOMP_STRESS_RUNS=$(STRESS_RUNS) EAGERDECOMP_STRESS_THREADS=6 $(PY) -m pytest tests/test_threads.py $(PYTEST_ARGS)
+
 bench: install
 	$(PY) bench/micro.py
 	$(PY) bench/key.py
