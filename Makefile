@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test conformance models bench report corpus install clean
+.PHONY: demo test conformance models stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
