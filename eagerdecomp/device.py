@@ -51,7 +51,8 @@ import torch
 from torch._C import DispatchKey
 
 from .errors import BackendError
-from .opset import OpSet, _op_from_name
+from .opset import OpSet
+from .schema import op_from_name, op_names
 from .routes import device_refusal
 from .runtime import Runtime, runtime_for
 from .stats import Route
@@ -126,7 +127,7 @@ def _dispatch_key(device_type: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _overloads(name: str):
-    op = _op_from_name(name if "." in name.partition("::")[2] else name + ".default")
+    op = op_from_name(name if "." in name.partition("::")[2] else name + ".default")
     return op if isinstance(op, torch._ops.OpOverload) else None
 
 
@@ -138,7 +139,7 @@ def device_opset(device) -> OpSet:
     if key in _enabled:
         return _enabled[key].device_ops
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    ops = [_overloads(n) for n in torch._C._dispatch_get_all_op_names() if has(n, key)]
+    ops = [_overloads(n) for n in op_names() if has(n, key)]
     return OpSet([op for op in ops if op is not None], name=f"{device_type} kernels")
 
 

@@ -31,6 +31,7 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from .errors import UnknownOpError
+from .schema import op_from_name, op_names, overloads
 
 __all__ = ["OpSet", "RUNTIME_EXTRAS", "PRESETS", "resolve_op"]
 
@@ -55,23 +56,6 @@ _PRIMS_ATEN_EXTRAS = {
 OpLike = Union[str, OpOverload, OpOverloadPacket]
 
 
-def _op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
-    ns, sep, rest = name.replace("::", ".", 1).partition(".")
-    if not sep:  # bare "add": aten is the default namespace
-        ns, rest = "aten", name
-    packet_name, _, overload = rest.partition(".")
-    try:
-        packet = getattr(getattr(torch.ops, ns), packet_name)
-        return getattr(packet, overload) if overload else packet
-    except (AttributeError, RuntimeError):
-        return None
-
-
-@functools.lru_cache(maxsize=1)
-def _all_op_names() -> tuple:
-    return tuple(torch._C._dispatch_get_all_op_names())
-
-
 def resolve_op(op: OpLike) -> list:
     """Expand ``op`` (an overload, a packet, or a name) into a list of ``OpOverload``.
 
@@ -80,12 +64,12 @@ def resolve_op(op: OpLike) -> list:
     if isinstance(op, OpOverload):
         return [op]
     if isinstance(op, str):
-        found = _op_from_name(op.strip())
+        found = op_from_name(op.strip())
         if found is None and "::" not in op:  # "mul.Tensor": aten is the default namespace
-            found = _op_from_name("aten::" + op.strip())
+            found = op_from_name("aten::" + op.strip())
         if found is None:
             wanted = op.strip().replace(".", "::", 1) if "::" not in op else op.strip()
-            close = difflib.get_close_matches(wanted, _all_op_names(), n=3, cutoff=0.75)
+            close = difflib.get_close_matches(wanted, op_names(), n=3, cutoff=0.75)
             hint = f"; did you mean {', '.join(close)}?" if close else "."
             raise UnknownOpError(
                 f"unknown op name {op!r}: no registered operator has that name{hint} "
@@ -180,19 +164,9 @@ class OpSet:
         return sorted(f"{op._schema.name}{'.' + op._overloadname if op._overloadname != 'default' else ''}" for op in self.ops)
 
 
-def _all_overloads(namespace: str) -> list:
-    out = []
-    for name in _all_op_names():
-        if name.startswith(namespace + "::"):
-            op = _op_from_name(name if "." in name else name + ".default")
-            if isinstance(op, OpOverload):
-                out.append(op)
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def _core_aten() -> OpSet:
-    core = [op for op in _all_overloads("aten") if torch.Tag.core in op.tags]
+    core = [op for op in overloads("aten") if torch.Tag.core in op.tags]
     return OpSet(core + list(RUNTIME_EXTRAS), name="core_aten")
 
 
@@ -200,7 +174,7 @@ def _core_aten() -> OpSet:
 def _prims() -> OpSet:
     import torch._prims  # noqa: F401  (registers the prims:: namespace)
 
-    ops = _all_overloads("prims") + list(RUNTIME_EXTRAS) + list(_PRIMS_ATEN_EXTRAS)
+    ops = list(overloads("prims")) + list(RUNTIME_EXTRAS) + list(_PRIMS_ATEN_EXTRAS)
     return OpSet(ops, name="prims")
 
 

@@ -25,6 +25,7 @@ from torch._ops import OpOverload
 
 from .opset import OpSet
 from .registry import PROJECT, USER, Table
+from .schema import is_out, overloads
 from .variants import foreach_table, variant_table
 
 __all__ = ["default_table", "FILL_MODULES"]
@@ -39,16 +40,8 @@ def _torch_core_table() -> Table:
     return dict(post_autograd() if post_autograd else d.core_aten_decompositions())
 
 
-def _all_aten_overloads() -> list:
-    from .opset import _all_overloads
-
-    return _all_overloads("aten")
-
-
 def _prims_to_aten() -> Table:
-    from .opset import _all_overloads
-
-    return {op: op.impl_aten for op in _all_overloads("prims") if getattr(op, "impl_aten", None) is not None}
+    return {op: op.impl_aten for op in overloads("prims") if getattr(op, "impl_aten", None) is not None}
 
 
 def _refs_by_name() -> Table:
@@ -63,9 +56,9 @@ def _refs_by_name() -> Table:
     import torch._refs.special as refs_special
 
     table: Table = {}
-    for op in _all_aten_overloads():
+    for op in overloads("aten"):
         name = op._schema.name.split("::")[-1]
-        if torch.Tag.out in op.tags or name.startswith("_"):
+        if is_out(op) or name.startswith("_"):
             continue
         for ns in (refs, refs_nn, refs_special):
             fn = getattr(ns, name, None)
@@ -85,7 +78,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
     table: Table = {} if prefers_aten else _refs_by_name()
     table.update(d.decomposition_table)
-    table.update(foreach_table(_all_aten_overloads()))
+    table.update(foreach_table(overloads("aten")))
     if prefers_aten:
         # NOTE: refs express in-place/out= ops and many others with prims, which run in
         # Python in eager; aten-based rules win, and prims left over lower through impl_aten.
@@ -95,7 +88,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # (register_inplace): those copy_ the result back without eager's checks, so an int
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
         # The refs a prims opset uses check through their out= wrapper.
-        table.update(variant_table(_all_aten_overloads()))
+        table.update(variant_table(overloads("aten")))
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)

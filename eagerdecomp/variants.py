@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from .overlap import guard
+from .schema import is_out, written
 
 __all__ = ["functional_variant", "variant_table", "foreach_table", "resize_out", "ResizeOutputWarning", "with_defaults"]
 
@@ -53,17 +54,17 @@ def functional_variant(op):
     The functional overload has the same argument types, minus the out arguments.
     """
     name = op._schema.name.split("::")[-1]
-    is_out = torch.Tag.out in op.tags or op._overloadname.endswith("out")
-    if not is_out and not name.endswith("_"):
+    out = is_out(op)
+    if not out and not name.endswith("_"):
         return None
     ns = getattr(torch.ops, op._schema.name.split("::")[0])
-    packet = getattr(ns, name if is_out else name[:-1], None)
+    packet = getattr(ns, name if out else name[:-1], None)
     if packet is None:
         return None
-    want, _ = _arg_types(op, skip_out=is_out)
+    want, _ = _arg_types(op, skip_out=out)
     for overload in packet.overloads():
         cand = getattr(packet, overload)
-        if cand is op or torch.Tag.out in cand.tags or any(a.alias_info and a.alias_info.is_write for a in cand._schema.arguments):
+        if cand is op or written(cand):
             continue
         if _arg_types(cand, skip_out=False)[0] == want and len(cand._schema.returns) >= 1:
             return cand
@@ -149,7 +150,7 @@ def _per_tensor(op):
         cand = getattr(packet, name)
         cargs = cand._schema.arguments
         # the per-tensor op may take trailing defaulted extras (add.Scalar's alpha)
-        if torch.Tag.out not in cand.tags and [str(a.type) for a in cargs[: len(want)]] == want:
+        if not is_out(cand) and [str(a.type) for a in cargs[: len(want)]] == want:
             if all(a.has_default_value() for a in cargs[len(want) :]):
                 fits.append((len(cargs), cand))
     return (min(fits, key=lambda f: f[0])[1], lists) if fits else None
@@ -182,7 +183,7 @@ def foreach_table(ops) -> dict:
     table = {}
     for op in ops:
         name = op._schema.name.split("::")[-1]
-        if not name.startswith("_foreach_") or name.endswith("_") or torch.Tag.out in op.tags:
+        if not name.startswith("_foreach_") or name.endswith("_") or is_out(op):
             continue
         found = _per_tensor(op)
         if found is not None:
@@ -194,13 +195,11 @@ def variant_table(ops) -> dict:
     """``{op: fn}`` for every in-place or out= overload in ``ops`` that has a functional variant."""
     table = {}
     for op in ops:
-        mutable = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
-        if not mutable or torch.Tag.inplace_view in op.tags:
+        if not written(op) or torch.Tag.inplace_view in op.tags:
             continue
         functional = functional_variant(op)
         if functional is None:
             continue
-        is_out = any(a.kwarg_only and a.alias_info and a.alias_info.is_write for a in op._schema.arguments)
-        rule = _out if is_out else _inplace
+        rule = _out if is_out(op) else _inplace
         table[op] = functools.partial(rule, op, functional)
     return table

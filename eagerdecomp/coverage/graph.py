@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from ..opset import OpSet, _all_overloads
+from ..opset import OpSet
+from ..schema import op_from_name, overloads
 from ..paths import cache_dir
 from .workers import run_job
 
@@ -94,7 +95,7 @@ def _tables() -> dict:
 def universe() -> list:
     import torch._prims  # noqa: F401
 
-    return _all_overloads("aten") + _all_overloads("prims")
+    return list(overloads("aten") + overloads("prims"))
 
 
 # -- one level of one op -------------------------------------------------------------------------
@@ -257,9 +258,7 @@ def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
 
 
 def _resolve(op_name: str):
-    from ..opset import _op_from_name
-
-    return _op_from_name(op_name)
+    return op_from_name(op_name)
 
 
 def _serve() -> None:
@@ -295,7 +294,7 @@ def _resolve_all(op_name):
 # the modules whose code decides the graph: a change to any of them rebuilds it (with the
 # project's fill modules, table.FILL_MODULES)
 _GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "routes.py", "registry.py",
-                  "table.py", "variants.py", "opset.py")
+                  "table.py", "variants.py", "opset.py", "schema.py", "overlap.py")
 
 
 def _fingerprint() -> str:

@@ -1,0 +1,78 @@
+"""Schema questions, answered in one place: which op a name means, every overload of a
+namespace, and what an op writes.
+
+Example::
+
+    >>> import torch
+    >>> from eagerdecomp import schema
+    >>> schema.op_from_name("aten::add.out") is torch.ops.aten.add.out
+    True
+    >>> schema.is_out(torch.ops.aten.add.out), schema.is_inplace(torch.ops.aten.add_.Tensor)
+    (True, True)
+    >>> schema.written(torch.ops.aten.add.out)
+    ('out',)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Union
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace"]
+
+
+def op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
+    """``"aten::add.Tensor"`` (or ``"aten.add.Tensor"``, ``"add"``) -> the op; a name without an
+    overload gives the packet; None if torch has no such op. ``aten`` is the default namespace."""
+    ns, sep, rest = name.replace("::", ".", 1).partition(".")
+    if not sep:
+        ns, rest = "aten", name
+    packet_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), packet_name)
+        return getattr(packet, overload) if overload else packet
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def op_names() -> tuple:
+    """Every operator name the dispatcher has (``ns::name.overload``), read once."""
+    return tuple(torch._C._dispatch_get_all_op_names())
+
+
+@functools.lru_cache(maxsize=None)
+def overloads(namespace: str) -> tuple:
+    """Every ``OpOverload`` of ``namespace`` the dispatcher has, in its order (read once)."""
+    out = []
+    for name in op_names():
+        if name.startswith(namespace + "::"):
+            op = op_from_name(name if "." in name else name + ".default")
+            if isinstance(op, OpOverload):
+                out.append(op)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def written(op: OpOverload) -> tuple:
+    """Names of the arguments ``op`` writes (``Tensor(a!)`` in its schema), in order."""
+    return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
+@functools.lru_cache(maxsize=None)
+def out_args(op: OpOverload) -> tuple:
+    """Names of ``op``'s out= arguments: the keyword-only arguments it writes."""
+    return tuple(a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+
+
+def is_out(op: OpOverload) -> bool:
+    """An out= overload: it writes keyword-only ``out`` arguments (``add.out``, ``max.dim_max``)."""
+    return bool(out_args(op))
+
+
+def is_inplace(op: OpOverload) -> bool:
+    """An in-place overload: it writes an argument that is not an out= one (``add_``, ``copy_``)."""
+    return len(written(op)) > len(out_args(op))
