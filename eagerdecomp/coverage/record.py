@@ -235,9 +235,16 @@ def build(spec) -> tuple:
     return CNNS[spec["class"]](), {"x": torch.randn(2, 3, 32, 32)}, torch.zeros(2, dtype=torch.long), spec["family"], {}
 
 
+def _no_cache(model, x) -> dict:
+    # NOTE: a forward outside generate() keeps no key/value cache (as training does); hybrid
+    # state-space models refuse to build one from a plain forward
+    return dict(x, use_cache=False) if "use_cache" in inspect.signature(model.forward).parameters else x
+
+
 def train_step(model, x, labels, opt, on_retry=None) -> None:
     """Forward (with labels where the head takes them), backward, one optimizer step."""
     model.train()
+    x = _no_cache(model, x)
     try:
         out = model(**x, labels=labels) if labels is not None else model(**x)
     except Exception:  # noqa: BLE001 - a head whose labels this guess got wrong: no labels
@@ -263,7 +270,7 @@ def record_model(spec) -> dict:
     phases["train"] = _counts(rec)
     model.eval()
     with RecordingMode() as rec, torch.no_grad():
-        model(**x)
+        model(**_no_cache(model, x))
     phases["infer"] = _counts(rec)
     notes = []
     if spec["labels"] == "ids" and "input_ids" in x and getattr(model, "can_generate", lambda: False)():
