@@ -37,9 +37,6 @@ CALLS = {
     "slogdet": lambda A, S, Z, B: (torch.linalg.slogdet, A),
     "lu_factor_ex": lambda A, S, Z, B: (torch.linalg.lu_factor_ex, A),
     "inv": lambda A, S, Z, B: (torch.linalg.inv, A),
-    "solve": lambda A, S, Z, B: (torch.linalg.solve, A, B),
-    "solve broadcast": lambda A, S, Z, B: (torch.linalg.solve, A[0], B),
-    "solve vector": lambda A, S, Z, B: (torch.linalg.solve, A[0], B[0, :, 0]),
     "lu_solve": lambda A, S, Z, B: (torch.linalg.lu_solve, *torch.linalg.lu_factor(A), B),
 }
 
@@ -56,7 +53,6 @@ def test_matches_lapack(dtype, name):
 
 ERRORS = {
     "inv": torch.linalg.inv,
-    "solve": lambda M: torch.linalg.solve(M, torch.ones(M.shape[-1], 1, dtype=M.dtype)),
     "lu_factor": torch.linalg.lu_factor,
 }
 
