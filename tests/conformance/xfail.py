@@ -245,6 +245,7 @@ XFAIL: dict = {
     'hash_tensor': (U('aten.hash_tensor.default'),),
     'histogram': (U('aten.histogram.bin_ct'), U('aten.histogram.bins_tensor'),),
     'histogramdd': (U('aten._histogramdd_bin_edges.default'), U('aten._histogramdd_from_bin_tensors.default'),),
+    'histc': (U('aten.histc.default', dtypes=('bfloat16',), reason="histc at 16-bit floats: the CPU kernel's bin arithmetic rounds in the input dtype, which the fill (float32/float64 and integers) does not reproduce; declined"),),
     'hypot': (U('aten.hypot.default'),),
     'igamma': (U('aten.igamma.default'),),
     'igammac': (U('aten.igammac.default'),),
