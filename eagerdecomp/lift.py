@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["Lifted", "lift_positions", "wrapped_positions", "split", "stand_ins", "SPECIAL"]
+__all__ = ["Lifted", "lift_positions", "wrapped_positions", "split", "stand_ins", "same_kernel", "LiftRefused", "SPECIAL"]
 
 SPECIAL = frozenset({0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0})
 _SCALAR_TYPES = frozenset({"float", "number", "Optional[float]", "Optional[number]"})
@@ -116,3 +116,18 @@ def stand_ins(lifted: list, which: int) -> list:
         s = _stand_in(abs(v) > 1, which, j)
         out.append(-s if v < 0 else s)
     return out
+
+
+class LiftRefused(Exception):
+    """Two stand-in values of a lifted float traced different graphs: key by value instead."""
+
+
+def same_kernel(a, b) -> bool:
+    """The two stand-in traces of a lifted call made one kernel: same code, warnings and constants."""
+    consts_a, consts_b = a.module._constants, b.module._constants
+    return (
+        a.module.code == b.module.code
+        and a.warnings == b.warnings
+        and consts_a.keys() == consts_b.keys()
+        and all(consts_a[n].dtype == consts_b[n].dtype and torch.equal(consts_a[n], consts_b[n]) for n in consts_a)
+    )

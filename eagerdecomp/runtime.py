@@ -22,7 +22,9 @@ from .registry import version as table_version
 from .stats import LIFTED, Route, Stats
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
-from .trace import LiftRefused, trace, unalias
+from .exact import unalias
+from .lift import LiftRefused
+from .trace import trace
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 from typing import Iterable
 
-import torch
 from torch._ops import OpOverload
 
 from .opset import OpSet

@@ -3,17 +3,9 @@
 Tracing runs on fake tensors so no data value is baked in and nothing is
 executed for real (an in-place op is applied once, on its real call, and no
 random numbers are drawn). The :class:`~eagerdecomp.lower.Lowerer` records
-every opset op it reaches as a graph node. The result is then checked against
-the op's own meta kernel (its eager output metadata) and its schema:
-
-* dtype, shape and device must match, else :class:`MismatchError`;
-* an in-place/out= op must return its mutated input object, and a view op a
-  view of its input, else :class:`MismatchError`;
-* a functional op whose decomposition returns an input (or a view of one)
-  gets a ``clone`` so the output does not alias, as in eager;
-* a view op whose decomposition returns its input object gets an ``alias``;
-* a fresh output whose significant strides differ from eager's is copied
-  into an ``empty_strided`` of eager's strides.
+every opset op it reaches as a graph node; :mod:`eagerdecomp.exact` then checks
+the outputs against the op's own meta kernel and adds the fix-ups that make
+the kernel eager-exact.
 """
 
 from __future__ import annotations
@@ -22,40 +14,26 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._prims_common import check_significant_strides
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
 )
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
-from .errors import DeviceMismatchError, MismatchError, TraceError, UnsupportedOpError
+from .errors import MismatchError, TraceError, UnsupportedOpError
+from .exact import check_devices, finish_outputs, new_fake_mode, reference, swap_tensors
 from .key import Bypass
-from .lower import _IDENTITY, Lowerer, Stuck
-from .lift import stand_ins
-from .replay import Kernel
+from .lift import LiftRefused, same_kernel, stand_ins
+from .lower import Lowerer, Stuck
 from .quiet import quiet
+from .replay import Kernel
 
-__all__ = ["trace", "swap_tensors", "unalias", "LiftRefused"]
+__all__ = ["trace"]
 
 aten = torch.ops.aten
-
-
-def swap_tensors(x, it):
-    """Rebuild ``x`` (args, lists, tuples) taking tensors from iterator ``it`` in key order."""
-    if isinstance(x, torch.Tensor):
-        return next(it)
-    if type(x) is list or type(x) is tuple:
-        return type(x)(swap_tensors(y, it) for y in x)
-    return x
-
-
-def _storage(t):
-    return StorageWeakRef(t.untyped_storage())
 
 
 class _Emitter:
@@ -122,183 +100,6 @@ class _Emitter:
 
 
 
-def _check_devices(func, tensors) -> None:
-    devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
-    if len(devices) > 1:
-        raise DeviceMismatchError(
-            f"{func}: expected all tensor arguments on one device (0-dim CPU tensors excepted), "
-            f"found {sorted(map(str, devices))}; move them to one device before the call"
-        )
-
-
-class _Ref:
-    """Eager's output metadata for one call: the op's own meta kernel run on fresh fakes."""
-
-    __slots__ = ("outs", "shares")
-
-    def __init__(self, outs, inputs):
-        self.outs = outs
-        storages = {_storage(t) for t in inputs if t.layout == torch.strided}
-        # NOTE: whether an output shares memory with an input is read from the meta kernel,
-        # not the schema: unsafe_split/unsafe_chunk return views with no alias annotation.
-        self.shares = [isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in storages for o in outs]
-
-    def out(self, i):
-        return self.outs[i] if i < len(self.outs) else None
-
-
-def _fake_mode() -> FakeTensorMode:
-    mode = FakeTensorMode()
-    # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
-    # shapes that change every call it grows for the life of the process. Our kernel cache is
-    # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
-    mode.cache_enabled = False
-    return mode
-
-
-def _reference(func, args, kwargs):
-    """A :class:`_Ref` for this call; None if the op has no meta kernel."""
-    mode = _fake_mode()
-    fakes = [mode.from_tensor(t) for t in _flat_tensors(args, kwargs)]
-    it = iter(fakes)
-    fargs = swap_tensors(args, it)
-    fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
-    try:
-        with quiet(), mode:  # the real call warns for itself
-            out = func(*fargs, **fkwargs)
-    except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
-        return None
-    outs = tree_flatten(out)[0]
-    if func in _META_LAYOUT_FIXES:
-        with mode:
-            outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
-    return _Ref(outs, fakes)
-
-
-def _input_layout(out, args):
-    layout = torch._prims_common.suggest_memory_format(args[0]) if args[0].dim() == 4 else torch.contiguous_format
-    return out.contiguous(memory_format=layout)
-
-
-# NOTE: meta kernels whose strides are not eager's (found by the conformance suite); the
-# reference is what the trace restrides to, so it must be eager's layout.
-_META_LAYOUT_FIXES = {
-    aten.max_unpool2d.default: _input_layout,  # eager keeps a channels-last input channels-last
-}
-
-
-def _flat_tensors(args, kwargs) -> list:
-    out: list = []
-
-    def visit(x):
-        if isinstance(x, torch.Tensor):
-            out.append(x)
-        elif type(x) is list or type(x) is tuple:
-            for y in x:
-                visit(y)
-
-    visit(args)
-    visit(list(kwargs.values()))
-    return out
-
-
-def _return_alias(schema, i: int):
-    """``(input name, is_write)`` of the argument return ``i`` aliases, or None."""
-    if not schema.returns:
-        return None
-    ret = schema.returns[min(i, len(schema.returns) - 1)]
-    info = ret.alias_info
-    if info is None:
-        return None
-    for arg in schema.arguments:
-        a = arg.alias_info
-        if a is not None and (a.before_set & info.before_set or not info.before_set):
-            return arg.name, info.is_write
-    return None
-
-
-def _arg_by_name(schema, args, kwargs, name):
-    for i, arg in enumerate(schema.arguments):
-        if arg.name == name:
-            return args[i] if i < len(args) else kwargs.get(name)
-    return None
-
-
-def _same_view(r, o) -> bool:
-    return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or check_significant_strides(r, o, only_cuda=False)[0])
-
-
-def _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
-    """Check outputs against eager's metadata and aliasing; return the graph's output nodes."""
-    g, schema = emitter.graph, func._schema
-    inputs = [t for t in _flat_tensors(fargs, fkwargs)]
-    in_storages = {_storage(t) for t in inputs}
-    nodes = []
-    for i, o in enumerate(flat_out):
-        if not isinstance(o, torch.Tensor):
-            nodes.append(o)
-            continue
-        node = emitter.node(o)
-        r = ref.out(i) if ref is not None else None
-        eager_shares = ref is not None and i < len(ref.shares) and ref.shares[i]
-        if isinstance(r, torch.Tensor) and (r.dtype, r.shape, r.device) != (o.dtype, o.shape, o.device):
-            raise MismatchError(
-                f"{func}: output {i} of its decomposition is {o.dtype}{list(o.shape)} on {o.device}, "
-                f"eager gives {r.dtype}{list(r.shape)} on {r.device}. This decomposition is wrong for "
-                "these arguments: add the op to the opset or register a correct decomposition."
-            )
-        alias = _return_alias(schema, i)
-        if alias is not None:
-            name, is_write = alias
-            src = _arg_by_name(schema, fargs, fkwargs, name)
-            if is_write and o is not src:
-                raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
-            if not is_write and isinstance(src, torch.Tensor):
-                if o is src and func not in _IDENTITY:
-                    node, _ = g.call_function(aten.alias.default, (node,)), fixups.append("alias")
-                elif _storage(o) != _storage(src):
-                    raise MismatchError(f"{func}: its decomposition returns a copy where eager returns a view of {name!r}")
-        elif _storage(o) in in_storages:
-            if not eager_shares:
-                node, _ = g.call_function(aten.clone.default, (node,)), fixups.append("clone")
-            elif isinstance(r, torch.Tensor) and not _same_view(r, o):
-                raise MismatchError(
-                    f"{func}: output {i} of its decomposition is a view with strides {o.stride()} at offset "
-                    f"{o.storage_offset()}, eager's has {r.stride()} at {r.storage_offset()}; register a correct "
-                    "decomposition or add the op to the opset"
-                )
-        elif eager_shares:
-            raise MismatchError(f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input")
-        elif isinstance(r, torch.Tensor) and o.numel() > 1 and not check_significant_strides(r, o, only_cuda=False)[0]:
-            fresh = g.call_function(
-                aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device}
-            )
-            node, _ = g.call_function(aten.copy_.default, (fresh, node)), fixups.append("restride")
-        nodes.append(node)
-    return nodes
-
-
-def unalias(func, args, kwargs, out):
-    """On the bypass path (no kernel, no meta kernel to consult): a functional op's outputs
-    that share memory with an input are cloned, as :func:`_finish_outputs` does when tracing.
-
-    NOTE: judged by the schema alone, so an op that returns views without saying so
-    (unsafe_split) would be cloned here; such ops trace, and never take this path.
-    """
-    schema = func._schema
-    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-        return out
-    flat, spec = tree_flatten(out)
-    inputs = {_storage(t) for t in _flat_tensors(args, kwargs) if t.layout == torch.strided}
-    if not any(isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs for o in flat):
-        return out
-    flat = [
-        aten.clone.default(o) if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs else o
-        for o in flat
-    ]
-    return tree_unflatten(flat, spec)
-
-
 def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
     """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel`.
 
@@ -309,9 +110,9 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     :class:`LiftRefused` when its lifted floats change the graph, and
     :class:`UnsupportedOpError` when it has no path to ``opset``.
     """
-    _check_devices(func, tensors)
+    check_devices(func, tensors)
     with _disable_current_modes():  # nothing below our mode may see tracing
-        ref = _reference(func, args, kwargs)
+        ref = reference(func, args, kwargs)
         if not lifted:
             return _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
         kernels = []
@@ -324,27 +125,13 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
                 else:
                     k[pos] = v
             kernels.append(_trace_once(func, tuple(a), k, tensors, opset, table, ref, values))
-        if not _same_kernel(*kernels):
+        if not same_kernel(*kernels):
             raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
         return kernels[0]
 
 
-class LiftRefused(Exception):
-    """Two stand-in values of a lifted float traced different graphs: key by value instead."""
-
-
-def _same_kernel(a: Kernel, b: Kernel) -> bool:
-    consts_a, consts_b = a.module._constants, b.module._constants
-    return (
-        a.module.code == b.module.code
-        and a.warnings == b.warnings
-        and consts_a.keys() == consts_b.keys()
-        and all(consts_a[n].dtype == consts_b[n].dtype and torch.equal(consts_a[n], consts_b[n]) for n in consts_a)
-    )
-
-
 def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kernel:
-    fake_mode = _fake_mode()
+    fake_mode = new_fake_mode()
     emitter = _Emitter(fake_mode)
     fakes = [fake_mode.from_tensor(t) for t in tensors]
     for i, f in enumerate(fakes):
@@ -377,7 +164,7 @@ def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kern
         raise Bypass(f"trace failed: {type(e).__name__}") from e
     flat_out, spec = tree_flatten(out)
     fixups: list = []
-    nodes = _finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
+    nodes = finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
     emitter.graph.output(nodes)
     # NOTE: FX keeps each generated module's source for tracebacks under a fresh file name, for
     # the life of the process; one name per op keeps that bounded (a traceback may then show

@@ -4,6 +4,9 @@ a model the analysis says runs does run under the mode, a blocked one stops on a
 """
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,7 +177,10 @@ def test_record_writes_a_corpus_the_analysis_reads(tmp_path, monkeypatch):
     """`coverage record` end to end on two of the hand-written CNNs (no transformers needed)."""
     monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "models.json"
-    assert main(["coverage", "record", "--only", "cnn/LeNet5", "cnn/ResNet", "-o", str(out)]) == 0
+    # NOTE: in a fresh process, as users run it: recording forks a child per model, and a fork
+    # taken after this process ran autograd (earlier tests did) cannot use autograd in the child
+    cmd = [sys.executable, "-m", "eagerdecomp", "coverage", "record", "--only", "cnn/LeNet5", "cnn/ResNet", "-o", str(out)]
+    assert subprocess.run(cmd, env=dict(os.environ), timeout=600).returncode == 0
     data = json.loads(out.read_text())
     assert data["versions"]["torch"] == torch.__version__ and data["recorded"] and data["skipped"] == {}
     corpus = load_corpus(out)

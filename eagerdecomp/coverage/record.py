@@ -335,6 +335,9 @@ def record_corpus(output=DATA, limit=None, only=None, timeout: float = 120.0, ch
 
     ``checkpoint`` (a JSON-lines file, by default under ``cache_dir("coverage")``) keeps each
     result as it comes, so a run that was stopped resumes; it is removed once the corpus is written.
+    Call it from a process that has not run autograd yet (as ``python -m eagerdecomp coverage
+    record`` does): each model is recorded in a forked child, and autograd's worker threads do
+    not survive a fork.
     """
     import transformers
     # NOTE: transformers' model infrastructure takes seconds to import; imported once here,

@@ -1,0 +1,225 @@
+"""Eager-exactness: what a traced kernel must match, and the fix-ups that make it match.
+
+A trace is checked against the op's own meta kernel run on fresh fakes (its
+eager output metadata) and against its schema:
+
+* dtype, shape and device must match, else :class:`MismatchError`;
+* an in-place/out= op must return its mutated input object, and a view op a
+  view of its input, else :class:`MismatchError`;
+* a functional op whose decomposition returns an input (or a view of one)
+  gets a ``clone`` so the output does not alias, as in eager;
+* a view op whose decomposition returns its input object gets an ``alias``;
+* a fresh output whose significant strides differ from eager's is copied
+  into an ``empty_strided`` of eager's strides.
+
+:func:`unalias` applies the aliasing rule on the bypass path, where no kernel
+is traced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._prims_common import check_significant_strides
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .errors import DeviceMismatchError, MismatchError
+from .lower import _IDENTITY
+from .quiet import quiet
+
+__all__ = ["reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "swap_tensors", "flat_tensors"]
+
+aten = torch.ops.aten
+
+
+def swap_tensors(x, it):
+    """Rebuild ``x`` (args, lists, tuples) taking tensors from iterator ``it`` in key order."""
+    if isinstance(x, torch.Tensor):
+        return next(it)
+    if type(x) is list or type(x) is tuple:
+        return type(x)(swap_tensors(y, it) for y in x)
+    return x
+
+
+def _storage(t):
+    return StorageWeakRef(t.untyped_storage())
+
+
+def check_devices(func, tensors) -> None:
+    devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
+    if len(devices) > 1:
+        raise DeviceMismatchError(
+            f"{func}: expected all tensor arguments on one device (0-dim CPU tensors excepted), "
+            f"found {sorted(map(str, devices))}; move them to one device before the call"
+        )
+
+
+class _Ref:
+    """Eager's output metadata for one call: the op's own meta kernel run on fresh fakes."""
+
+    __slots__ = ("outs", "shares")
+
+    def __init__(self, outs, inputs):
+        self.outs = outs
+        storages = {_storage(t) for t in inputs if t.layout == torch.strided}
+        # NOTE: whether an output shares memory with an input is read from the meta kernel,
+        # not the schema: unsafe_split/unsafe_chunk return views with no alias annotation.
+        self.shares = [isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in storages for o in outs]
+
+    def out(self, i):
+        return self.outs[i] if i < len(self.outs) else None
+
+
+def new_fake_mode() -> FakeTensorMode:
+    mode = FakeTensorMode()
+    # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
+    # shapes that change every call it grows for the life of the process. Our kernel cache is
+    # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
+    mode.cache_enabled = False
+    return mode
+
+
+def reference(func, args, kwargs):
+    """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel."""
+    mode = new_fake_mode()
+    fakes = [mode.from_tensor(t) for t in flat_tensors(args, kwargs)]
+    it = iter(fakes)
+    fargs = swap_tensors(args, it)
+    fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
+    try:
+        with quiet(), mode:  # the real call warns for itself
+            out = func(*fargs, **fkwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
+        return None
+    outs = tree_flatten(out)[0]
+    if func in _META_LAYOUT_FIXES:
+        with mode:
+            outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
+    return _Ref(outs, fakes)
+
+
+def _input_layout(out, args):
+    layout = torch._prims_common.suggest_memory_format(args[0]) if args[0].dim() == 4 else torch.contiguous_format
+    return out.contiguous(memory_format=layout)
+
+
+# NOTE: meta kernels whose strides are not eager's (found by the conformance suite); the
+# reference is what the trace restrides to, so it must be eager's layout.
+_META_LAYOUT_FIXES = {
+    aten.max_unpool2d.default: _input_layout,  # eager keeps a channels-last input channels-last
+}
+
+
+def flat_tensors(args, kwargs) -> list:
+    out: list = []
+
+    def visit(x):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif type(x) is list or type(x) is tuple:
+            for y in x:
+                visit(y)
+
+    visit(args)
+    visit(list(kwargs.values()))
+    return out
+
+
+def _return_alias(schema, i: int):
+    """``(input name, is_write)`` of the argument return ``i`` aliases, or None."""
+    if not schema.returns:
+        return None
+    ret = schema.returns[min(i, len(schema.returns) - 1)]
+    info = ret.alias_info
+    if info is None:
+        return None
+    for arg in schema.arguments:
+        a = arg.alias_info
+        if a is not None and (a.before_set & info.before_set or not info.before_set):
+            return arg.name, info.is_write
+    return None
+
+
+def _arg_by_name(schema, args, kwargs, name):
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == name:
+            return args[i] if i < len(args) else kwargs.get(name)
+    return None
+
+
+def _same_view(r, o) -> bool:
+    return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or check_significant_strides(r, o, only_cuda=False)[0])
+
+
+def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
+    """Check outputs against eager's metadata and aliasing; return the graph's output nodes."""
+    g, schema = emitter.graph, func._schema
+    inputs = [t for t in flat_tensors(fargs, fkwargs)]
+    in_storages = {_storage(t) for t in inputs}
+    nodes = []
+    for i, o in enumerate(flat_out):
+        if not isinstance(o, torch.Tensor):
+            nodes.append(o)
+            continue
+        node = emitter.node(o)
+        r = ref.out(i) if ref is not None else None
+        eager_shares = ref is not None and i < len(ref.shares) and ref.shares[i]
+        if isinstance(r, torch.Tensor) and (r.dtype, r.shape, r.device) != (o.dtype, o.shape, o.device):
+            raise MismatchError(
+                f"{func}: output {i} of its decomposition is {o.dtype}{list(o.shape)} on {o.device}, "
+                f"eager gives {r.dtype}{list(r.shape)} on {r.device}. This decomposition is wrong for "
+                "these arguments: add the op to the opset or register a correct decomposition."
+            )
+        alias = _return_alias(schema, i)
+        if alias is not None:
+            name, is_write = alias
+            src = _arg_by_name(schema, fargs, fkwargs, name)
+            if is_write and o is not src:
+                raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
+            if not is_write and isinstance(src, torch.Tensor):
+                if o is src and func not in _IDENTITY:
+                    node, _ = g.call_function(aten.alias.default, (node,)), fixups.append("alias")
+                # NOTE: an alias annotation says "may alias": to.dtype returns self when nothing
+                # changes and a copy otherwise, so a copy is wrong only where eager's shares.
+                elif _storage(o) != _storage(src) and (ref is None or eager_shares):
+                    raise MismatchError(f"{func}: its decomposition returns a copy where eager returns a view of {name!r}")
+        elif _storage(o) in in_storages:
+            if not eager_shares:
+                node, _ = g.call_function(aten.clone.default, (node,)), fixups.append("clone")
+            elif isinstance(r, torch.Tensor) and not _same_view(r, o):
+                raise MismatchError(
+                    f"{func}: output {i} of its decomposition is a view with strides {o.stride()} at offset "
+                    f"{o.storage_offset()}, eager's has {r.stride()} at {r.storage_offset()}; register a correct "
+                    "decomposition or add the op to the opset"
+                )
+        elif eager_shares:
+            raise MismatchError(f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input")
+        elif isinstance(r, torch.Tensor) and o.numel() > 1 and not check_significant_strides(r, o, only_cuda=False)[0]:
+            fresh = g.call_function(
+                aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device}
+            )
+            node, _ = g.call_function(aten.copy_.default, (fresh, node)), fixups.append("restride")
+        nodes.append(node)
+    return nodes
+
+
+def unalias(func, args, kwargs, out):
+    """On the bypass path (no kernel, no meta kernel to consult): a functional op's outputs
+    that share memory with an input are cloned, as :func:`finish_outputs` does when tracing.
+
+    NOTE: judged by the schema alone, so an op that returns views without saying so
+    (unsafe_split) would be cloned here; such ops trace, and never take this path.
+    """
+    schema = func._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return out
+    flat, spec = tree_flatten(out)
+    inputs = {_storage(t) for t in flat_tensors(args, kwargs) if t.layout == torch.strided}
+    if not any(isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs for o in flat):
+        return out
+    flat = [
+        aten.clone.default(o) if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs else o
+        for o in flat
+    ]
+    return tree_unflatten(flat, spec)
