@@ -156,6 +156,30 @@ def bench_passthrough(rounds, n=64):
     return a, b
 
 
+def bench_profiler_check(rounds, n=64):
+    """The hot path's only cost when no profiler runs: eagerdecomp.observe.profiling(),
+    against a whole cached hit of silu under the mode (both us per call)."""
+    from eagerdecomp.observe import profiling
+
+    x, mode = torch.randn(n), ed.EagerDecompMode("core_aten")
+
+    def hits(n):
+        with mode:
+            for _ in range(n):
+                aten.silu.default(x)
+
+    def checks(n):
+        for _ in range(n):
+            profiling()
+
+    hits(10)  # trace once
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(_per_call(checks, 20000))
+        b.append(_per_call(hits, 2000))
+    return a, b
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -182,6 +206,9 @@ def main(argv=None):
     pt = ratio(a, b)
     print(f"\npass-through aten.mul.Tensor (64 elements): ours {statistics.median(a):.2f} us, "
           f"do-nothing mode {statistics.median(b):.2f} us, ratio {pt:.2f}x")
+    c, h = bench_profiler_check(opts.rounds)
+    print(f"profiler check with no profiler running: {1e3 * statistics.median(c):.0f} ns per call, "
+          f"{100 * ratio(c, h):.2f}% of a cached silu hit ({statistics.median(h):.2f} us)")
     for n in map(int, opts.sizes.split(",")):
         rows = [x for x in results if x["numel"] == n]
         print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x, "

@@ -4,7 +4,9 @@
 it has no side effects: it only holds functions (the reference device
 registers itself when :func:`eagerdecomp.refdev.reference_device` asks).
 Without it, eagerdecomp runs its pure-Python path and warns once;
-``EAGERDECOMP_NO_EXT=1`` forces that path without a warning.
+``EAGERDECOMP_NO_EXT=1`` forces that path without a warning. A library built
+against another torch than the running one is not used either (one warning):
+its operator calls would bind to another ABI, where a crash is the good outcome.
 :func:`load` with ``build=True`` (used only by the reference device) compiles
 ``csrc/`` just in time when no prebuilt library exists, into a cache directory
 keyed by the torch version and the sources' hash.
@@ -37,7 +39,7 @@ class ExtensionWarning(UserWarning):
 
 
 _lock = threading.Lock()
-_state = {"lib": None, "loaded": "not loaded", "error": None, "build_s": None, "path": None}
+_state = {"lib": None, "loaded": "not loaded", "error": None, "build_s": None, "path": None, "built_with": None}
 
 
 def disabled() -> bool:
@@ -51,11 +53,13 @@ def sources() -> list:
 
 
 def cache_dir() -> str:
-    """Where just-in-time builds go: ``$EAGERDECOMP_CACHE`` or ``~/.cache/eagerdecomp``,
+    """Where just-in-time builds go: ``ext/`` under the cache root (:mod:`eagerdecomp.paths`),
     then one folder per torch version and sources' hash, so a stale build is never loaded."""
     import torch
 
-    root = os.environ.get("EAGERDECOMP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "eagerdecomp")
+    from .paths import cache_dir as root_dir
+
+    root = str(root_dir("ext"))
     digest = hashlib.sha256()
     for path in sorted(glob.glob(os.path.join(_CSRC, "*.cpp")) + glob.glob(os.path.join(_CSRC, "*.h"))):
         with open(path, "rb") as f:
@@ -63,11 +67,24 @@ def cache_dir() -> str:
     return os.path.join(root, f"torch-{torch.__version__}", digest.hexdigest()[:16])
 
 
+def _release(version: str) -> str:
+    return version.split("+")[0]  # "2.13.0+cpu" and "2.13.0" are one ABI
+
+
 def _prebuilt():
+    import torch
+
     try:
         lib = importlib.import_module("eagerdecomp._C")
     except ImportError as e:
         _state["error"] = f"{type(e).__name__}: {e}"
+        return None
+    built = _state["built_with"] = getattr(lib, "BUILT_WITH_TORCH", None)
+    if built is None or _release(built) != _release(torch.__version__):
+        _state["error"] = (
+            f"it was built against torch {built}, this is torch {torch.__version__}; "
+            "rebuild it against this torch"
+        )
         return None
     _state.update(lib=lib, loaded="prebuilt", path=getattr(lib, "__file__", None))
     return lib
@@ -92,7 +109,8 @@ def _jit():
         # the compiler's last lines say why; the whole log is rebuilt with EAGERDECOMP_VERBOSE_BUILD=1
         _state["error"] = f"just-in-time build in {build_dir} failed: ...{str(e)[-600:]}"
         return None
-    _state.update(lib=lib, loaded="jit", build_s=time.perf_counter() - t0, path=getattr(lib, "__file__", None))
+    _state.update(lib=lib, loaded="jit", build_s=time.perf_counter() - t0, path=getattr(lib, "__file__", None),
+                  built_with=getattr(lib, "BUILT_WITH_TORCH", None))
     return lib
 
 

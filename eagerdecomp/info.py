@@ -32,7 +32,7 @@ def collect() -> dict:
         "eagerdecomp": f"{ed.__version__} ({os.path.dirname(ed.__file__)})",
         "torch": f"{torch.__version__} ({os.path.dirname(torch.__file__)})",
         "C++ library": st["loaded"] + (f" ({st['path']})" if st["path"] else ""),
-        "built against torch": getattr(lib, "BUILT_WITH_TORCH", None) if lib is not None else None,
+        "built against torch": st["built_with"],
         "why not loaded": st["error"] if lib is None and st["loaded"] != "disabled" else None,
         "EAGERDECOMP_NO_EXT": os.environ.get("EAGERDECOMP_NO_EXT") or "unset",
         "C++ sources": f"{len(_ext.sources())} file(s) under csrc/" if _ext.sources() else "none (installed from a wheel)",

@@ -7,6 +7,7 @@ dict, so a call costs one lookup before its real work.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -23,6 +24,7 @@ from .stats import LIFTED, Route, Stats
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
 from .exact import unalias
+from .observe import log, profiling, ranged
 from .lift import LiftRefused
 from .trace import trace
 
@@ -77,6 +79,7 @@ class Runtime:
             return routes.handler(self, route)
         for tag, reason in _BYPASS_TAGS.items():
             if tag in func.tags:
+                log.info("%s: decomposed eagerly on every call (%s)", func, reason)
                 return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
         return self.decompose
 
@@ -105,11 +108,11 @@ class Runtime:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
             route = Route.TRACE if cache == "miss" else Route.REPLAY
-            if lifted:
-                stats.record(func, route, LIFTED, cache)
-                return entry(tensors + [v for _, v in lifted])
-            stats.record(func, route, None, cache)
-            return entry(tensors)
+            inputs = tensors + [v for _, v in lifted] if lifted else tensors
+            stats.record(func, route, LIFTED if lifted else None, cache)
+            if profiling():
+                return ranged("replay", func, entry, inputs)
+            return entry(inputs)
         if type(entry) is ByValue:
             # its floats change the graph: key them by value from now on, in this runtime
             self._lift[func] = ()
@@ -129,16 +132,26 @@ class Runtime:
 
     def _trace(self, func, args, kwargs, tensors, lifted=()):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
+        t0 = time.perf_counter()
         try:
-            kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
+            if profiling():
+                kernel = ranged("trace", func, trace, func, args, kwargs, tensors, self.opset, self.table, lifted)
+            else:
+                kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
         except LiftRefused as e:
+            log.info("%s: keyed by the value of its floats (%s)", func, e)
             return ByValue(str(e))
         except Bypass as b:
             if lifted:  # the stand-in values, not the call, may be what failed: retry by value
+                log.info("%s: keyed by the value of its floats (%s)", func, b.reason)
                 return ByValue(b.reason)
+            log.info("%s: no replayable kernel, decomposed eagerly for this key (%s)", func, b.reason)
             return Bypassed(b.reason)
         except UnsupportedOpError as e:
+            log.info("%s: no path to the opset (%s)", func, e.reason)
             return Unsupported(tuple(e.chain), e.reason)
+        log.info("%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops))
+        log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
         return kernel
 
@@ -147,8 +160,12 @@ class Runtime:
         return self._lower_eagerly(func, args, kwargs, reason, None)
 
     def _lower_eagerly(self, func, args, kwargs, reason, cache):
+        lowerer = Lowerer(self.opset, self.table, _call)
         try:
-            out = Lowerer(self.opset, self.table, _call).lower(func, args, kwargs)
+            if profiling():
+                out = ranged("eager", func, lowerer.lower, func, args, kwargs)
+            else:
+                out = lowerer.lower(func, args, kwargs)
         except Stuck as e:
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
         self.stats.record(func, Route.EAGER, reason, cache)

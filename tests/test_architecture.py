@@ -1,0 +1,186 @@
+"""The architecture's promises: routes recorded once, cache entries that pin nothing, a
+module graph without cycles, the logger and profiler ranges, the C++ library's version check."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+import types
+import warnings
+import weakref
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp import _ext
+from eagerdecomp.errors import UnsupportedOpError
+from eagerdecomp.profile import profile
+
+PACKAGE = pathlib.Path(ed.__file__).parent
+
+
+# -- a call's route is recorded once, and the profiler reads it -------------------------------
+
+def test_remembered_bypass_is_profiled_under_eager_never_replay():
+    ed.cache_clear()
+
+    def twice(x):
+        torch.histc(x, 4)  # its trace needs a data value: a remembered bypass (a negative entry)
+        return torch.histc(x, 4)
+
+    p = profile(twice, torch.randn(32))
+    routes = p.by_op["aten.histc.default"]
+    assert set(routes) == {"eager"} and routes["eager"][0] == 2
+    assert ed.cache_info().negative >= 1 and p.calls["replay"] == 0
+
+
+# -- cache entries are data: no exception, no frame, no tensor ---------------------------------
+
+def _refused_call():
+    a = torch.eye(3) + 1  # only this frame holds it
+    try:
+        with ed.EagerDecompMode("core_aten"):
+            torch.linalg.eigh(a)  # no path to core ATen
+    except UnsupportedOpError as e:
+        return weakref.ref(a), e
+    raise AssertionError("eigh found a path: pick another op with none")
+
+
+def test_tensors_of_a_refused_call_are_freed_while_the_entry_stays():
+    ed.cache_clear()
+    ref, error = _refused_call()
+    del error
+    gc.collect()
+    assert ref() is None
+    assert ed.cache_info().negative == 1
+
+
+def test_raising_the_same_refusal_does_not_grow_its_traceback():
+    ed.cache_clear()
+    depths = []
+    a = torch.eye(3) + 1
+    for _ in range(100):
+        try:
+            with ed.EagerDecompMode("core_aten"):
+                torch.linalg.eigh(a)
+        except UnsupportedOpError as e:
+            depths.append(len(traceback.extract_tb(e.__traceback__)))
+    assert len(depths) == 100 and depths[-1] == depths[1]
+
+
+# -- the module graph ---------------------------------------------------------------------------
+
+def _module_imports() -> dict:
+    """``{module: modules it imports at import time}``, for the package's relative imports."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_pkg else parts)
+        package = name if is_pkg else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                deps |= {target} if node.module else {f"{target}.{a.name}" for a in node.names}
+        graph[name] = deps
+    return {m: {d if d in graph else d.rsplit(".", 1)[0] for d in deps} & graph.keys() for m, deps in graph.items()}
+
+
+def test_no_import_cycle_between_modules():
+    graph = _module_imports()
+    assert "eagerdecomp.runtime" in graph and "eagerdecomp.coverage.graph" in graph
+    state: dict = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_runtime_imports_nothing_of_the_coverage_tool():
+    graph = _module_imports()
+    runtime_side = [m for m in graph if not m.startswith("eagerdecomp.coverage") and m not in ("eagerdecomp.__main__",)]
+    assert not [m for m in runtime_side if any(d.startswith("eagerdecomp.coverage") for d in graph[m])]
+
+
+# -- seen where PyTorch users look --------------------------------------------------------------
+
+def test_traces_and_refusals_go_to_the_eagerdecomp_logger(caplog):
+    ed.cache_clear()
+    with caplog.at_level(logging.INFO, logger="eagerdecomp"):
+        with ed.EagerDecompMode("core_aten"):
+            torch.nn.functional.silu(torch.randn(8))
+            torch.nn.functional.silu(torch.randn(8))  # a replay logs nothing
+            torch.histc(torch.randn(8), 3)
+    messages = [r.getMessage() for r in caplog.records if r.name == "eagerdecomp"]
+    assert sum("aten.silu.default: traced" in m for m in messages) == 1
+    assert any("aten.histc.default" in m and "needs a data value" in m for m in messages)
+
+
+@pytest.mark.parametrize("level", [None, "info"])
+def test_the_logger_is_quiet_unless_asked(level):
+    script = "import torch, eagerdecomp as ed\nwith ed.EagerDecompMode('core_aten'):\n    torch.nn.functional.silu(torch.randn(4))\n"
+    env = {k: v for k, v in os.environ.items() if k != "EAGERDECOMP_LOG"} | ({"EAGERDECOMP_LOG": level} if level else {})
+    err = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300).stderr
+    assert ("[eagerdecomp INFO] aten.silu.default: traced" in err) == (level is not None)
+
+
+def test_decomposed_calls_show_as_profiler_ranges():
+    ed.cache_clear()
+    x = torch.randn(8)
+    with torch.profiler.profile() as prof, ed.EagerDecompMode("core_aten"):
+        torch.nn.functional.silu(x)
+        torch.nn.functional.silu(x)
+        torch.histc(x, 3)
+    names = [e.name for e in prof.events()]
+    assert names.count("eagerdecomp.trace aten.silu.default") == 1
+    assert names.count("eagerdecomp.replay aten.silu.default") == 2  # the traced call runs its kernel too
+    assert "eagerdecomp.eager aten.histc.default" in names
+
+
+# -- the C++ library says when it was built for another torch ------------------------------------
+
+@pytest.fixture
+def fresh_ext(monkeypatch):
+    monkeypatch.setattr(_ext, "_state", {k: None for k in _ext._state} | {"loaded": "not loaded"})
+    monkeypatch.delenv("EAGERDECOMP_NO_EXT", raising=False)
+    return _ext
+
+
+@pytest.mark.parametrize("built", ["1.13.0", None])
+def test_a_library_built_for_another_torch_is_not_used(fresh_ext, monkeypatch, built):
+    stale = types.ModuleType("eagerdecomp._C")
+    if built is not None:
+        stale.BUILT_WITH_TORCH = built
+    monkeypatch.setitem(sys.modules, "eagerdecomp._C", stale)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fresh_ext.load() is None
+        assert fresh_ext.load() is None  # warned once, not per call
+    texts = [str(w.message) for w in caught if issubclass(w.category, _ext.ExtensionWarning)]
+    assert len(texts) == 1 and f"built against torch {built}" in texts[0] and torch.__version__ in texts[0]
+    assert fresh_ext.status()["built_with"] == built
+
+
+def test_a_library_built_for_this_torch_is_used(fresh_ext, monkeypatch):
+    lib = types.ModuleType("eagerdecomp._C")
+    lib.BUILT_WITH_TORCH = torch.__version__.split("+")[0]
+    monkeypatch.setitem(sys.modules, "eagerdecomp._C", lib)
+    assert fresh_ext.load() is lib and fresh_ext.status()["loaded"] == "prebuilt"
