@@ -71,6 +71,9 @@ class CacheInfo:
     size: int
     maxsize: int
     negative: int
+    families: int = 0  # shape families (eagerdecomp.family) with at least one generic kernel
+    members: int = 0  # shape-generic kernels, over all families
+    family_hits: int = 0  # exact-key misses answered by a shape-generic kernel
 
 
 class _Flight:
@@ -88,8 +91,12 @@ class KernelCache:
         self._lru = cachetools.LRUCache(maxsize=maxsize)
         self._lock = threading.Lock()
         self._flights: dict = {}  # key -> _Flight
+        # shape families (eagerdecomp.family): family key -> Family, and the member traces in flight
+        self._families = cachetools.LRUCache(maxsize=maxsize)
+        self._family_flights: dict = {}
         self.hits = 0
         self.misses = 0
+        self.family_hits = 0
         _LIVE.add(self)
 
     def get(self, key):
@@ -135,6 +142,80 @@ class KernelCache:
                 return make(*args), True
             flight.done.wait()  # then look again: the entry is there, or that trace failed
 
+    def family(self, fkey):
+        """The :class:`~eagerdecomp.family.Family` of ``fkey``, or None."""
+        with self._lock:
+            return self._families.get(fkey)
+
+    def set_family(self, fkey, family) -> None:
+        with self._lock:
+            self._families[fkey] = family
+
+    def find_or_make_member(self, fkey, find: Callable, make: Callable, max_members: int):
+        """A kernel of family ``fkey`` for one call: ``(kernel or None, made)``.
+
+        ``find(members)`` returns an admitting member's kernel or None (guards run without
+        the lock); on no admitting member, ``make()`` traces one more member (one thread per
+        family at a time; the others wait, then look again) and it is added. ``make`` raising
+        :class:`~eagerdecomp.symbolic.NotGeneric` marks the family exact-only (``(None, False)``);
+        any other error propagates and leaves the family as it was.
+        """
+        from .family import Family
+        from .symbolic import NotGeneric
+
+        while True:
+            with self._lock:
+                family = self._families.get(fkey)
+            if family is not None and family.exact:
+                return None, False
+            members = family.members if family is not None else ()
+            try:
+                kernel = find(members)
+            except NotGeneric as e:
+                self._mark_exact(fkey, e.reason)
+                return None, False
+            if kernel is not None:
+                with self._lock:
+                    self.family_hits += 1
+                return kernel, False
+            with self._lock:
+                now = self._families.get(fkey)
+                if (now.members if now is not None else ()) is not members or (now is not None and now.exact):
+                    continue  # it changed while the guards ran: look again
+                flight = self._family_flights.get(fkey)
+                mine = flight is None
+                if mine:
+                    flight = self._family_flights[fkey] = _Flight()
+            if not mine:
+                if flight.owner == threading.get_ident():
+                    return None, False  # NOTE: re-entered while tracing this family: exact kernel
+                flight.done.wait()
+                continue
+            try:
+                try:
+                    member = make()
+                except NotGeneric as e:
+                    self._mark_exact(fkey, e.reason)
+                    return None, False
+                with self._lock:
+                    now = self._families.get(fkey) or Family()
+                    if now.exact is None:
+                        if len(now.members) >= max_members:
+                            self._families[fkey] = Family(now.members, f"more than {max_members} shape specializations")
+                        else:
+                            self._families[fkey] = Family(now.members + (member,))
+                return member.kernel, True
+            finally:
+                with self._lock:
+                    self._family_flights.pop(fkey, None)
+                flight.done.set()
+
+    def _mark_exact(self, fkey, reason: str) -> None:
+        from .family import Family
+
+        with self._lock:
+            self._families[fkey] = Family((), reason)
+
     def put(self, key, entry) -> None:
         with self._lock:
             self._lru[key] = entry
@@ -146,12 +227,17 @@ class KernelCache:
     def clear(self) -> None:
         with self._lock:
             self._lru.clear()
-            self.hits = self.misses = 0
+            self._families.clear()
+            self.hits = self.misses = self.family_hits = 0
 
     def info(self) -> CacheInfo:
         with self._lock:
             negative = sum(isinstance(v, NEGATIVE) for v in self._lru.values())
-            return CacheInfo(self.hits, self.misses, len(self._lru), self._lru.maxsize, negative)
+            members = [len(f.members) for f in self._families.values()]
+            return CacheInfo(
+                self.hits, self.misses, len(self._lru), self._lru.maxsize, negative,
+                sum(1 for m in members if m), sum(members), self.family_hits,
+            )
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -181,6 +267,9 @@ def cache_info() -> CacheInfo:
         size=sum(i.size for i in infos),
         maxsize=sum(i.maxsize for i in infos),
         negative=sum(i.negative for i in infos),
+        families=sum(i.families for i in infos),
+        members=sum(i.members for i in infos),
+        family_hits=sum(i.family_hits for i in infos),
     )
 
 
@@ -217,6 +306,7 @@ def _after_fork_in_child() -> None:
     for cache in _FORK_HELD:
         cache._lock = threading.Lock()
         cache._flights = {}
+        cache._family_flights = {}
     _FORK_HELD.clear()
 
 

@@ -19,7 +19,6 @@ is traced.
 from __future__ import annotations
 
 import torch
-from torch._prims_common import check_significant_strides
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -71,8 +70,8 @@ class _Ref:
         return self.outs[i] if i < len(self.outs) else None
 
 
-def new_fake_mode() -> FakeTensorMode:
-    mode = FakeTensorMode()
+def new_fake_mode(shape_env=None) -> FakeTensorMode:
+    mode = FakeTensorMode(shape_env=shape_env)
     # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
     # shapes that change every call it grows for the life of the process. Our kernel cache is
     # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
@@ -80,10 +79,15 @@ def new_fake_mode() -> FakeTensorMode:
     return mode
 
 
-def reference(func, args, kwargs):
-    """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel."""
-    mode = new_fake_mode()
-    fakes = [mode.from_tensor(t) for t in flat_tensors(args, kwargs)]
+def reference(func, args, kwargs, mode=None, fakes=None):
+    """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel.
+
+    ``mode`` and ``fakes`` (the call's tensors in key order) are given for a family trace,
+    whose fakes have symbolic sizes.
+    """
+    if mode is None:
+        mode = new_fake_mode()
+        fakes = [mode.from_tensor(t) for t in flat_tensors(args, kwargs)]
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
@@ -148,21 +152,40 @@ def _arg_by_name(schema, args, kwargs, name):
     return None
 
 
+def same_strides(r, o) -> bool:
+    """The strides of every dimension longer than 1 agree.
+
+    NOTE: not torch._prims_common.check_significant_strides, which skips every symbolic
+    stride (calls it equal): over symbolic sizes each comparison here must be decided, and
+    so guarded, for a shape-generic kernel's restride to be right at every shape.
+    """
+    for n, a, b in zip(r.shape, r.stride(), o.stride()):
+        if n > 1 and a != b:
+            return False
+    return True
+
+
 def _same_view(r, o) -> bool:
-    return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or check_significant_strides(r, o, only_cuda=False)[0])
+    return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or same_strides(r, o))
 
 
-def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
-    """Check outputs against eager's metadata and aliasing; return the graph's output nodes."""
-    g, schema = emitter.graph, func._schema
+def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=None):
+    """Check outputs against eager's metadata and aliasing; return the graph's output nodes.
+
+    ``finals``, a list, receives each output as the kernel returns it (fake, after its fix-up).
+    Fix-ups run through ``emitter``, so they run on the fakes too.
+    """
+    finals = [] if finals is None else finals
+    schema = func._schema
     inputs = [t for t in flat_tensors(fargs, fkwargs)]
     in_storages = {_storage(t) for t in inputs}
     nodes = []
     for i, o in enumerate(flat_out):
         if not isinstance(o, torch.Tensor):
-            nodes.append(o)
+            nodes.append(emitter.value(o))  # a symbolic size becomes a graph value
+            finals.append(o)
             continue
-        node = emitter.node(o)
+        emitter.node(o)  # every output must be a traced value
         r = ref.out(i) if ref is not None else None
         eager_shares = ref is not None and i < len(ref.shares) and ref.shares[i]
         if isinstance(r, torch.Tensor) and (r.dtype, r.shape, r.device) != (o.dtype, o.shape, o.device):
@@ -179,14 +202,14 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
                 raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
             if not is_write and isinstance(src, torch.Tensor):
                 if o is src and func not in _IDENTITY:
-                    node, _ = g.call_function(aten.alias.default, (node,)), fixups.append("alias")
+                    o, _ = emitter(aten.alias.default, (o,), {}), fixups.append("alias")
                 # NOTE: an alias annotation says "may alias": to.dtype returns self when nothing
                 # changes and a copy otherwise, so a copy is wrong only where eager's shares.
                 elif _storage(o) != _storage(src) and (ref is None or eager_shares):
                     raise MismatchError(f"{func}: its decomposition returns a copy where eager returns a view of {name!r}")
         elif _storage(o) in in_storages:
             if not eager_shares:
-                node, _ = g.call_function(aten.clone.default, (node,)), fixups.append("clone")
+                o, _ = emitter(aten.clone.default, (o,), {}), fixups.append("clone")
             elif isinstance(r, torch.Tensor) and not _same_view(r, o):
                 raise MismatchError(
                     f"{func}: output {i} of its decomposition is a view with strides {o.stride()} at offset "
@@ -195,12 +218,12 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups):
                 )
         elif eager_shares:
             raise MismatchError(f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input")
-        elif isinstance(r, torch.Tensor) and o.numel() > 1 and not check_significant_strides(r, o, only_cuda=False)[0]:
-            fresh = g.call_function(
-                aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device}
-            )
-            node, _ = g.call_function(aten.copy_.default, (fresh, node)), fixups.append("restride")
-        nodes.append(node)
+        elif isinstance(r, torch.Tensor) and o.numel() > 1 and not same_strides(r, o):
+            with emitter.fake_mode:
+                fresh = emitter(aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device})
+            o, _ = emitter(aten.copy_.default, (fresh, o), {}), fixups.append("restride")
+        nodes.append(emitter.node(o))
+        finals.append(o)
     return nodes
 
 

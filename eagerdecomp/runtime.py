@@ -7,26 +7,33 @@ dict, so a call costs one lookup before its real work.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
 import torch
 
 from .cache import ByValue, Bypassed, KernelCache, Unsupported, cache_for
-from .errors import EagerDecompError, UnsupportedArgumentError, UnsupportedOpError
+from .errors import EagerDecompError, MismatchError, UnsupportedArgumentError, UnsupportedOpError
 from .key import Bypass, make_key
 from . import routes
 from .lower import Lowerer, Stuck
 from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .registry import version as table_version
-from .stats import LIFTED, Route, Stats
+from .stats import FAMILY, LIFTED, Route, Stats
+from .family import MAX_MEMBERS, Family, agrees, family_key
+from .family import enabled as family_enabled
+from .symbolic import NotGeneric
+from .exact import reference, same_strides
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
 from .exact import unalias
 from .observe import log, profiling, ranged
 from .lift import LiftRefused
-from .trace import trace
+from .trace import trace, trace_family
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
@@ -63,6 +70,7 @@ class Runtime:
         self._routes: dict = {}
         self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
         self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
+        self._tls = threading.local()  # per call: whether a shape family answered the miss
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -102,14 +110,19 @@ class Runtime:
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
-        entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted)
+        tls = self._tls
+        tls.family = False
+        entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
         cache = "miss" if made else "hit"
         if type(entry) is Kernel:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
-            route = Route.TRACE if cache == "miss" else Route.REPLAY
             inputs = tensors + [v for _, v in lifted] if lifted else tensors
-            stats.record(func, route, LIFTED if lifted else None, cache)
+            if made and tls.family:  # a shape-generic kernel answered a new exact key: no trace
+                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref)
+            else:
+                route = Route.TRACE if cache == "miss" else Route.REPLAY
+                stats.record(func, route, LIFTED if lifted else None, cache)
             if profiling():
                 return ranged("replay", func, entry, inputs)
             return entry(inputs)
@@ -130,8 +143,81 @@ class Runtime:
                 raise
         return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
 
-    def _trace(self, func, args, kwargs, tensors, lifted=()):
+    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref):
+        """The first replay of a shape-generic kernel for an exact key, its outputs checked
+        against eager's meta kernel (already matched symbolically: this catches what symbolic
+        reasoning and the real kernels decide differently)."""
+        self.stats.record(func, Route.REPLAY, FAMILY, "miss")
+        out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
+        flat = tree_flatten(out)[0]
+        if len(flat) == len(ref.outs) and all(
+            not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o)) for o, r in zip(flat, ref.outs)
+        ):
+            return out
+        # NOTE: never expected; a wrong layout must not be returned. A functional op is run
+        # again from an exact-shape kernel; a mutating op has already written: a clear error.
+        self.cache.discard(key)
+        self.cache.set_family(family_key(func, key, tensors), Family((), "replayed layout differed from eager's"))
+        if func._schema.is_mutable:
+            raise MismatchError(f"{func}: a shape-generic kernel returned a layout eager does not; "
+                                "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this")
+        return self.decompose(func, args, kwargs)
+
+    def _from_family(self, func, args, kwargs, tensors, lifted, key):
+        """A shape-generic kernel for this call (found or traced), or None: trace an exact one."""
+        try:
+            fkey = family_key(func, key, tensors)
+        except NotGeneric as e:
+            self.stats.exact_shapes(func, e.reason)
+            return None
+        eager = []  # the op's meta kernel on this call, made once and only when a guard holds
+
+        def ref():
+            if not eager:
+                with _disable_current_modes():
+                    eager.append(reference(func, args, kwargs))
+            return eager[0]
+
+        def find(members):
+            for m in members:
+                if m.guard(tensors):
+                    if agrees(m, tensors, ref()):
+                        return m.kernel
+                    raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
+            return None
+
+        def make():
+            t0 = time.perf_counter()
+            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted)
+            member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
+            if not member.guard(tensors) or not agrees(member, tensors, ref()):
+                raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
+            log.info("%s: traced a shape-generic kernel in %.1f ms; guard: %s", func, 1e3 * (time.perf_counter() - t0), member.guard.source)
+            return member
+
+        try:
+            kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
+        except (EagerDecompError, Bypass, LiftRefused) as e:
+            # NOTE: the exact trace decides what this call is (unsupported, bypassed...);
+            # the family stays as it was, so a later valid call may still make a member
+            self.stats.exact_shapes(func, f"symbolic trace refused: {type(e).__name__}")
+            return None
+        if kernel is None:
+            family = self.cache.family(fkey)
+            self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
+            return None
+        if made:
+            self.stats.record_kernel(kernel)
+        else:
+            self._tls.family, self._tls.ref = True, ref()
+        return kernel
+
+    def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
+        if key is not None and family_enabled():
+            kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
+            if kernel is not None:
+                return kernel
         t0 = time.perf_counter()
         try:
             if profiling():

@@ -19,9 +19,10 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED"]
+__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY"]
 
 LIFTED = "floats lifted"  # the reason of a replay whose float arguments were kernel inputs
+FAMILY = "shape family"  # the reason of a replay of a shape-generic kernel for a new exact key
 
 
 class Route(str, enum.Enum):
@@ -56,6 +57,7 @@ class Stats:
         self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
         self.random = set()  # ops whose kernels draw random numbers
         self.by_value = set()  # ops whose float arguments had to be keyed by value
+        self.exact_only: dict = {}  # op -> reasons some of its calls keep exact-shape kernels
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
         """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
@@ -88,6 +90,13 @@ class Stats:
             if kernel.random:
                 self.random.add(kernel.op)
 
+    def exact_shapes(self, op, reason: str) -> None:
+        """Note that a call of ``op`` was kept to an exact-shape kernel, and why."""
+        reasons = self.exact_only.get(op)
+        if reasons is None or reason not in reasons:
+            with self._lock:
+                self.exact_only.setdefault(op, set()).add(reason)
+
     def keyed_by_value(self, op) -> None:
         with self._lock:
             self.by_value.add(op)
@@ -97,6 +106,7 @@ class Stats:
             for shard in self._shards:
                 shard.clear()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
+            self.exact_only = {}
 
     def report(self) -> "Report":
         rows: dict = {}
@@ -110,6 +120,7 @@ class Stats:
             row.fixups = sorted(self.fixups.get(op, ()))
             row.random = op in self.random
             row.by_value = op in self.by_value
+            row.exact_shapes = sorted(self.exact_only.get(op, ()))
         return Report([rows[op] for op in sorted(rows, key=str)])
 
 
@@ -138,17 +149,20 @@ class OpRow:
     random: bool = False
     lifted: bool = False
     by_value: bool = False
+    family: int = 0  # hits answered by a shape-generic kernel for a new exact key
+    exact_shapes: list = field(default_factory=list)  # why some calls kept exact-shape kernels
 
     def add(self, route: Route, reason, cache, n: int) -> None:
         """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
         self.calls += n
-        if cache == "miss":
+        if cache == "miss" and reason != FAMILY:  # a family hit made an exact entry, but traced nothing
             self.misses += n
         elif cache == "hit" and route is not Route.REPLAY:
             self.remembered += n
         if route is Route.REPLAY:
             self.hits += n
             self.lifted = self.lifted or reason == LIFTED
+            self.family += n if reason == FAMILY else 0
         elif route is Route.TRACE:
             self.traces += n
         elif route is Route.PASSTHROUGH:
@@ -211,6 +225,7 @@ class Report:
                 notes.append("float args lifted")
             if r.by_value:
                 notes.append("float args keyed by value")
+            notes += [f"exact shapes: {why}" for why in r.exact_shapes]
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:

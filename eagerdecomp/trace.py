@@ -14,6 +14,7 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -25,15 +26,18 @@ from torch.utils._pytree import tree_flatten
 
 from .errors import MismatchError, TraceError, UnsupportedOpError
 from .exact import check_devices, finish_outputs, new_fake_mode, reference, swap_tensors
+from .family import Member, out_meta
 from .key import Bypass
 from .lift import LiftRefused, same_kernel, stand_ins
 from .lower import Lowerer, Stuck
 from .quiet import quiet
 from .replay import Kernel
+from .symbolic import Guard, NotGeneric, SymGraph, new_shape_env, symbol_sources, symbolic_layout
 
-__all__ = ["trace"]
+__all__ = ["trace", "trace_family"]
 
 aten = torch.ops.aten
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class _Emitter:
@@ -45,9 +49,13 @@ class _Emitter:
         self.env: dict = {}  # id(fake) -> (fake, node); the fake is kept alive so ids stay unique
         self.constants: dict = {}
         self.scalars: dict = {}  # stand-in value of a lifted float -> its placeholder
+        self.sym = None  # a SymGraph in a family trace: symbolic sizes -> graph values
+        self.inputs: list = []  # placeholder nodes, in key order
 
     def placeholder(self, fake, i: int) -> None:
-        self.env[id(fake)] = (fake, self.graph.placeholder(f"t{i}"))
+        node = self.graph.placeholder(f"t{i}")
+        self.inputs.append(node)
+        self.env[id(fake)] = (fake, node)
 
     def scalar_placeholder(self, value: float, i: int) -> None:
         self.scalars[value] = self.graph.placeholder(f"s{i}")
@@ -55,6 +63,10 @@ class _Emitter:
     def node(self, x):
         if type(x) is float:
             return self.scalars.get(x, x)
+        if isinstance(x, _SYM):
+            if self.sym is None:
+                raise TraceError(f"a symbolic size reached an exact-shape trace: {x}")
+            return self.sym.node(x)
         hit = self.env.get(id(x))
         if hit is not None:
             return hit[1]
@@ -75,8 +87,12 @@ class _Emitter:
             return self.fake_mode.from_tensor(x)
         return x
 
+    def value(self, x):
+        """``x`` (an argument: tensors, sizes, lists of them) as graph values."""
+        return self._map(self.node, x)
+
     def _map(self, fn, x):
-        if isinstance(x, torch.Tensor) or type(x) is float:
+        if isinstance(x, torch.Tensor) or type(x) is float or isinstance(x, _SYM):
             return fn(x)
         if type(x) is list or type(x) is tuple:
             return type(x)(self._map(fn, y) for y in x)
@@ -100,8 +116,18 @@ class _Emitter:
 
 
 
+def _with_values(args, kwargs, lifted, values):
+    a, k = list(args), dict(kwargs)
+    for (pos, _), v in zip(lifted, values):
+        if type(pos) is int:
+            a[pos] = v
+        else:
+            k[pos] = v
+    return tuple(a), k
+
+
 def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
-    """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel`.
+    """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel` for this exact key.
 
     ``tensors`` are the call's tensors in key order (:func:`~eagerdecomp.key.make_key`);
     ``lifted`` the ``(position, value)`` of floats to make kernel inputs (see
@@ -118,24 +144,84 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
         kernels = []
         for which in (0, 1):
             values = stand_ins(lifted, which)
-            a, k = list(args), dict(kwargs)
-            for (pos, _), v in zip(lifted, values):
-                if type(pos) is int:
-                    a[pos] = v
-                else:
-                    k[pos] = v
-            kernels.append(_trace_once(func, tuple(a), k, tensors, opset, table, ref, values))
+            a, k = _with_values(args, kwargs, lifted, values)
+            kernels.append(_trace_once(func, a, k, tensors, opset, table, ref, values))
         if not same_kernel(*kernels):
             raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
         return kernels[0]
 
 
-def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kernel:
-    fake_mode = new_fake_mode()
+def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Member:
+    """Trace a shape-generic kernel for this call's family: a :class:`~eagerdecomp.family.Member`.
+
+    As :func:`trace`, over fakes whose sizes are symbols; the guard admits every shape on
+    which the decomposition, its meta kernels and the exactness checks decide alike.
+    Raises :class:`NotGeneric` (or any error :func:`trace` raises) when it cannot make
+    one: the caller then traces an exact-shape kernel.
+    """
+    check_devices(func, tensors)
+    with _disable_current_modes():
+        if not lifted:
+            return _trace_generic(func, args, kwargs, tensors, opset, table, ())
+        members = []
+        for which in (0, 1):
+            values = stand_ins(lifted, which)
+            a, k = _with_values(args, kwargs, lifted, values)
+            members.append(_trace_generic(func, a, k, tensors, opset, table, values))
+        first, second = members
+        if first.guard != second.guard or not same_kernel(first.kernel, second.kernel):
+            raise NotGeneric("its graph or guard depends on the value of a float argument")
+        return first
+
+
+def _symbolic_fakes(mode, tensors, layouts) -> list:
+    """Fakes of ``tensors`` (key order; the same object gives the same fake) with symbolic layouts."""
+    memo: dict = {}
+    out = []
+    with mode:
+        for t, (sizes, strides, _) in zip(tensors, layouts):
+            f = memo.get(id(t))
+            if f is None:
+                f = memo[id(t)] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+            out.append(f)
+    return out
+
+
+def _trace_generic(func, args, kwargs, tensors, opset, table, scalars) -> Member:
+    env = new_shape_env()
+    # NOTE: a repeated object keeps its first occurrence's symbols (source t{first index})
+    first: dict = {}
+    for i, t in enumerate(tensors):
+        first.setdefault(id(t), i)
+    made = dict(zip(first.values(), symbolic_layout(env, [(i, tensors[i]) for i in first.values()])))
+    layouts = [made[first[id(t)]] for t in tensors]
+    ref_mode, guard_mode = new_fake_mode(env), new_fake_mode(env)
+    ref = reference(func, args, kwargs, ref_mode, _symbolic_fakes(ref_mode, tensors, layouts))
+    if ref is None:
+        raise NotGeneric("no meta kernel to check other shapes against")
+    placeholders = _symbolic_fakes(guard_mode, tensors, layouts)  # untouched by the call, for the guard
+    fake_mode = new_fake_mode(env)
+    fakes = _symbolic_fakes(fake_mode, tensors, layouts)
+    finals: list = []
+    kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals)
+    guard = Guard(env.produce_guards_expression(placeholders, ignore_static=False))
+    # NOTE: what the kernel returns (after its fix-ups), not what the meta kernel said: at a
+    # new shape the two are compared with eager's meta kernel (family.agrees)
+    metas = tuple(out_meta(env, o) for o in finals)
+    storages = {StorageWeakRef(f.untyped_storage()) for f in fakes}
+    shares = tuple(isinstance(o, torch.Tensor) and StorageWeakRef(o.untyped_storage()) in storages for o in finals)
+    return Member(kernel, guard, symbol_sources(env), metas, shares)
+
+
+def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None) -> Kernel:
+    if fake_mode is None:
+        fake_mode = new_fake_mode()
+        fakes = [fake_mode.from_tensor(t) for t in tensors]
     emitter = _Emitter(fake_mode)
-    fakes = [fake_mode.from_tensor(t) for t in tensors]
     for i, f in enumerate(fakes):
         emitter.placeholder(f, i)
+    if env is not None:
+        emitter.sym = SymGraph(emitter.graph, env, emitter.inputs)
     for i, v in enumerate(scalars):
         emitter.scalar_placeholder(v, i)
     it = iter(fakes)
@@ -156,15 +242,19 @@ def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars) -> Kern
         raise Bypass("needs a data value") from None
     except DynamicOutputShapeException:
         raise Bypass("dynamic output shape") from None
-    except (MismatchError, TraceError):
+    except (MismatchError, TraceError, NotGeneric):
         raise
     except Exception as e:  # noqa: BLE001
+        if env is not None:
+            # a symbolic size met something that needs a concrete one (a data-dependent guard,
+            # a kernel without symbolic support): the exact-shape trace decides what the call is
+            raise NotGeneric(f"symbolic trace failed: {type(e).__name__}") from e
         # fake tensors cannot run it (or the call is invalid): decompose eagerly instead,
         # where a genuine argument error surfaces exactly as the decomposition raises it
         raise Bypass(f"trace failed: {type(e).__name__}") from e
     flat_out, spec = tree_flatten(out)
     fixups: list = []
-    nodes = finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups)
+    nodes = finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals)
     emitter.graph.output(nodes)
     # NOTE: FX keeps each generated module's source for tracebacks under a fresh file name, for
     # the life of the process; one name per op keeps that bounded (a traceback may then show

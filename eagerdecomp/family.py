@@ -1,0 +1,144 @@
+"""Shape families: one kernel for many shapes of one op call.
+
+A call's *family key* is its exact key (:mod:`eagerdecomp.key`) with each tensor's
+sizes and strides replaced by its rank and stride order: op, rank, dtype, device,
+layout class, which arguments are the same object, non-tensor arguments by value,
+ambient state. A family holds :class:`Member` kernels traced over symbolic sizes
+(:func:`eagerdecomp.trace.trace_family`), each with the :class:`~eagerdecomp.symbolic.Guard`
+of the shapes it admits.
+
+Eager-exactness for every admitted shape is checked, not assumed: the first time an
+exact key is answered by a member, the member's output metadata (shapes, strides,
+storage offsets as expressions of the input sizes) is evaluated at the call's sizes
+and compared with the op's own meta kernel run on the call (:func:`agrees`). A
+member that disagrees is never used again for its family; the family falls back to
+exact-shape kernels, and the reason is reported.
+
+Calls that are kept to exact-shape kernels from the start (:func:`family_key` raises
+:class:`~eagerdecomp.symbolic.NotGeneric`): tensors that are not dense (slices,
+expanded), start at a storage offset, are empty, carry conj/neg bits, or share
+memory without being the same object; out= ops (their outputs are resized).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .key import Key
+from .symbolic import NotGeneric, bindings, evaluate
+
+__all__ = ["enabled", "Member", "Family", "family_key", "out_meta", "agrees", "MAX_MEMBERS"]
+
+
+
+def enabled() -> bool:
+    """``EAGERDECOMP_SHAPE_GENERIC=0`` keeps every op on exact-shape kernels (as before families)."""
+    return os.environ.get("EAGERDECOMP_SHAPE_GENERIC", "1") != "0"
+
+# a family that needs more members than this is specializing on sizes: exact kernels are cheaper
+MAX_MEMBERS = 8
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: its kernel and dict are not values
+class Member:
+    """A shape-generic kernel and what it admits.
+
+    ``sources``: ``{symbol: (tensor index, kind, dim)}``; ``metas``: per output, ``(shape,
+    stride, offset)`` as ints or sympy expressions of the symbols (None for a non-tensor);
+    ``shares``: per output, whether eager's output shares memory with an input.
+    """
+
+    kernel: object
+    guard: object
+    sources: dict
+    metas: tuple
+    shares: tuple
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's members, or why it is kept to exact-shape kernels (``exact``)."""
+
+    members: tuple = ()
+    exact: str | None = None
+
+
+def _expr(v):
+    if isinstance(v, torch.SymInt):
+        i = v.node.maybe_as_int()
+        return i if i is not None else v.node.shape_env.replace(v.node.expr)
+    return int(v)
+
+
+def out_meta(env, o):
+    """An output's ``(shape, stride, offset)`` as ints or expressions; None for a non-tensor."""
+    if not isinstance(o, torch.Tensor):
+        return None
+    return (tuple(map(_expr, o.shape)), tuple(map(_expr, o.stride())), _expr(o.storage_offset()))
+
+
+def _layout_class(shape, stride) -> tuple:
+    """The stride order of a dense tensor (outermost first); NotGeneric if it is not dense."""
+    perm = sorted(range(len(shape)), key=lambda d: -stride[d])
+    expected = 1
+    for d in reversed(perm):
+        if shape[d] != 1 and stride[d] != expected:
+            raise NotGeneric("a tensor argument is not dense (a slice, an expanded or overlapping view)")
+        expected *= shape[d]
+    return tuple(perm)
+
+
+def family_key(func, key: Key, tensors: list) -> Key:
+    """The family of a call with exact key ``key``; NotGeneric when it keeps exact-shape kernels."""
+    if func._schema.is_mutable and any(a.is_out for a in func._schema.arguments):
+        raise NotGeneric("out= op (eager resizes its outputs)")
+    parts = [("family",)]
+    for p in key.parts:
+        if type(p) is tuple and p and type(p[0]) is torch.Size:
+            shape, stride, off, dtype, device, conj, neg = p
+            if off:
+                raise NotGeneric("a tensor argument starts at a storage offset")
+            if conj or neg:
+                raise NotGeneric("a tensor argument has its conj or neg bit set")
+            if 0 in shape:
+                raise NotGeneric("an empty tensor argument")
+            parts.append((len(shape), _layout_class(shape, stride), dtype, device))
+        else:
+            parts.append(p)
+    if len(tensors) > 1:
+        seen: dict = {}
+        for t in tensors:
+            ref = StorageWeakRef(t.untyped_storage())
+            other = seen.setdefault(ref, t)
+            if other is not t:
+                raise NotGeneric("two tensor arguments share memory")
+    return Key(tuple(parts))
+
+
+def agrees(member: Member, tensors, ref) -> bool:
+    """Whether ``member``'s outputs at these inputs' sizes are eager's (``ref``: the op's meta
+    kernel on this call, :func:`eagerdecomp.exact.reference`)."""
+    if ref is None or len(ref.outs) != len(member.metas) or list(ref.shares) != list(member.shares):
+        return False
+    values = bindings(member.sources, tensors)
+    for meta, r, shares in zip(member.metas, ref.outs, member.shares):
+        if meta is None or not isinstance(r, torch.Tensor):
+            if (meta is None) != (not isinstance(r, torch.Tensor)):
+                return False
+            continue
+        shape, stride, offset = meta
+        shape = [evaluate(e, values) for e in shape]
+        if shape != list(r.shape):
+            return False
+        if r.numel() > 1:
+            stride = [evaluate(e, values) for e in stride]
+            # only the strides of dimensions longer than 1 are significant, as eager's checks say
+            if any(n > 1 and s != rs for n, s, rs in zip(shape, stride, r.stride())):
+                return False
+        if shares and evaluate(offset, values) != r.storage_offset():
+            return False
+    return True

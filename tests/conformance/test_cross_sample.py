@@ -1,0 +1,63 @@
+"""Conformance across samples: each OpInfo sample replayed through kernels traced on
+*another* sample of the same shape family (eagerdecomp.family).
+
+Per OpInfo and dtype, the process-wide kernel cache is emptied, then the samples run in
+reverse order: a sample whose family already has a shape-generic kernel (traced on a
+later sample) replays it at its own shapes, where a shape-generic bug shows. Every
+outcome is classified and compared as in :mod:`test_opinfo` (same harness, same
+expected failures); a ``wrong`` outcome fails the test.
+
+``EAGERDECOMP_CONFORMANCE=full`` (``make conformance``) runs every OpInfo at every
+dtype on every sample; ``make test`` runs a slice: a stable ~1/8 of the OpInfos at one
+dtype on their first :data:`SLICE_SAMPLES` samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+import zlib
+
+import pytest
+
+import eagerdecomp as ed
+
+from .conftest import FULL, MAX_SAMPLES, dtype_name, params
+from .harness import run_sample
+from .xfail import explains, expected_for
+
+FAILING = ("unsupported", "wrong", "error")
+SLICE_SAMPLES = 4
+SLICE_EVERY = 8  # the slice takes the OpInfos whose name hashes to 0 modulo this
+
+
+def _cross_params() -> list:
+    if FULL:
+        return params()
+    return [p for p in params() if zlib.crc32(p.values[0].full_name.encode()) % SLICE_EVERY == 0]
+
+
+@pytest.mark.parametrize("opinfo,dtype", _cross_params())
+def test_cross_sample(opinfo, dtype):
+    name, dname = opinfo.full_name, dtype_name(dtype)
+    requires_grad = dtype == __import__("torch").float64 and opinfo.supports_autograd
+    limit = MAX_SAMPLES if FULL else SLICE_SAMPLES
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit))
+    if len(samples) < 2:
+        pytest.skip("fewer than two samples: nothing to cross")
+    entries = expected_for(name, dname)
+    ed.cache_clear()  # kernels for this OpInfo are traced on its own samples, below
+    problems = []
+    for i in reversed(range(len(samples))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outcomes = run_sample(opinfo, samples[i], dtype)
+        for outcome in outcomes:
+            if outcome.cls in FAILING and not any(explains(e, outcome) for e in entries):
+                problems.append(f"sample {i} [{outcome.variant}] {outcome.cls}: {outcome.detail}")
+    info = ed.cache_info()
+    assert not problems, (
+        f"{name} at {dname} (samples replayed across a family {info.family_hits} times):\n  " + "\n  ".join(problems[:20])
+    )
