@@ -147,6 +147,12 @@ class KernelCache:
         with self._lock:
             return self._families.get(fkey)
 
+    def adopt_family(self, fkey, family) -> None:
+        """Set ``fkey``'s family unless one is there already (members loaded from disk)."""
+        with self._lock:
+            if self._families.get(fkey) is None:
+                self._families[fkey] = family
+
     def set_family(self, fkey, family) -> None:
         with self._lock:
             self._families[fkey] = family
@@ -273,11 +279,18 @@ def cache_info() -> CacheInfo:
     )
 
 
-def cache_clear() -> None:
-    """Drop every cached kernel and negative entry, and reset the counters."""
+def cache_clear(disk: bool = False) -> None:
+    """Drop every cached kernel and negative entry, and reset the counters.
+
+    ``disk=True`` also removes every kernel written to the persistent cache (eagerdecomp.disk).
+    """
     with _CACHES_LOCK:
         for c in _CACHES.values():
             c.clear()
+    if disk:
+        from .disk import clear
+
+        clear()
 
 
 # NOTE: fork copies memory, not threads. Every cache lock is taken around fork, so the child

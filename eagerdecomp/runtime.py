@@ -21,7 +21,9 @@ from .lower import Lowerer, Stuck
 from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .registry import version as table_version
-from .stats import FAMILY, LIFTED, Route, Stats
+from .stats import DISK, FAMILY, LIFTED, Route, Stats
+from .disk import enabled as disk_enabled
+from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key
 from .family import enabled as family_enabled
 from .symbolic import NotGeneric
@@ -57,7 +59,7 @@ class Runtime:
     The kernel cache is shared by every runtime with the same opset and table.
     """
 
-    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error"):
+    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None):
         if on_unsupported not in ON_UNSUPPORTED:
             raise EagerDecompError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
         self.opset = opset
@@ -70,7 +72,8 @@ class Runtime:
         self._routes: dict = {}
         self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
         self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
-        self._tls = threading.local()  # per call: whether a shape family answered the miss
+        self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
+        self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -111,15 +114,17 @@ class Runtime:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
         tls = self._tls
-        tls.family = False
+        tls.answer = None
         entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
         cache = "miss" if made else "hit"
         if type(entry) is Kernel:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
             inputs = tensors + [v for _, v in lifted] if lifted else tensors
-            if made and tls.family:  # a shape-generic kernel answered a new exact key: no trace
+            if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
                 return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref)
+            elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
+                stats.record(func, Route.REPLAY, DISK, cache)
             else:
                 route = Route.TRACE if cache == "miss" else Route.REPLAY
                 stats.record(func, route, LIFTED if lifted else None, cache)
@@ -153,6 +158,9 @@ class Runtime:
         if len(flat) == len(ref.outs) and all(
             not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o)) for o, r in zip(flat, ref.outs)
         ):
+            store = self._store()
+            if store is not None:  # checked here, so a later process loads it by key, unchecked
+                store.save_kernel(key, kernel)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
@@ -195,6 +203,11 @@ class Runtime:
             log.info("%s: traced a shape-generic kernel in %.1f ms; guard: %s", func, 1e3 * (time.perf_counter() - t0), member.guard.source)
             return member
 
+        store = self._store()
+        if store is not None and self.cache.family(fkey) is None:
+            members = store.load_members(fkey)  # another process's members, checked per key as ours
+            if members:
+                self.cache.adopt_family(fkey, Family(members))
         try:
             kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
         except (EagerDecompError, Bypass, LiftRefused) as e:
@@ -208,12 +221,22 @@ class Runtime:
             return None
         if made:
             self.stats.record_kernel(kernel)
+            family = self.cache.family(fkey)
+            if store is not None and family is not None and family.members:
+                store.save_members(fkey, family.members)
+                store.save_kernel(key, kernel)  # checked against eager at this key when traced
         else:
-            self._tls.family, self._tls.ref = True, ref()
+            self._tls.answer, self._tls.ref = FAMILY, ref()
         return kernel
 
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
+        store = self._store()
+        if store is not None and key is not None:
+            kernel = store.load_kernel(key)
+            if kernel is not None:
+                self._tls.answer = DISK
+                return kernel
         if key is not None and family_enabled():
             kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
             if kernel is not None:
@@ -239,7 +262,12 @@ class Runtime:
         log.info("%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops))
         log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
+        if store is not None and key is not None:
+            store.save_kernel(key, kernel)
         return kernel
+
+    def _store(self):
+        return self.store if self.store is not None and disk_enabled() else None
 
     def bypass(self, func, args, kwargs, reason):
         """Decompose eagerly on the real tensors: still only opset ops run below."""
@@ -296,4 +324,4 @@ def runtime_for(opset, decompositions=None, on_unsupported: str = "error") -> Ru
     extra = _resolve_decompositions(decompositions or {})
     table = default_table(opset, extra.items())
     fingerprint = (opset, frozenset(extra.items()), table_version())
-    return Runtime(opset, table, cache_for(fingerprint), on_unsupported)
+    return Runtime(opset, table, cache_for(fingerprint), on_unsupported, store_for(opset, extra))

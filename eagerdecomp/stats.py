@@ -19,10 +19,11 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY"]
+__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY", "DISK"]
 
 LIFTED = "floats lifted"  # the reason of a replay whose float arguments were kernel inputs
 FAMILY = "shape family"  # the reason of a replay of a shape-generic kernel for a new exact key
+DISK = "loaded from disk"  # the reason of a replay of a kernel the persistent cache held (eagerdecomp.disk)
 
 
 class Route(str, enum.Enum):
@@ -150,12 +151,13 @@ class OpRow:
     lifted: bool = False
     by_value: bool = False
     family: int = 0  # hits answered by a shape-generic kernel for a new exact key
+    loaded: int = 0  # hits answered by a kernel loaded from the persistent cache
     exact_shapes: list = field(default_factory=list)  # why some calls kept exact-shape kernels
 
     def add(self, route: Route, reason, cache, n: int) -> None:
         """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
         self.calls += n
-        if cache == "miss" and reason != FAMILY:  # a family hit made an exact entry, but traced nothing
+        if cache == "miss" and reason != FAMILY and reason != DISK:  # an entry made without a trace
             self.misses += n
         elif cache == "hit" and route is not Route.REPLAY:
             self.remembered += n
@@ -163,6 +165,7 @@ class OpRow:
             self.hits += n
             self.lifted = self.lifted or reason == LIFTED
             self.family += n if reason == FAMILY else 0
+            self.loaded += n if reason == DISK else 0
         elif route is Route.TRACE:
             self.traces += n
         elif route is Route.PASSTHROUGH:

@@ -1,0 +1,176 @@
+"""The persistent kernel cache (eagerdecomp.disk): a new process loads instead of tracing;
+unreadable entries are ignored with one warning and rebuilt; concurrent writers leave a
+valid cache; cache_clear(disk=True); the switch; user decompositions are not persisted."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eagerdecomp as ed
+from eagerdecomp import disk
+
+aten = torch.ops.aten
+
+# one process's work: decomposed ops at two lengths (shape families and exact kernels);
+# prints "traces loaded family" summed over the report, then a checksum of the results
+SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, torch.nn.functional as F
+    import eagerdecomp as ed
+    torch.manual_seed(0)
+    total = 0.0
+    with ed.EagerDecompMode("core_aten") as mode:
+        for n in (5, 9):
+            x = torch.randn(n, 6)
+            total += float(F.mish(x).sum() + torch.logsumexp(x, 1).sum() + F.silu(x.t()).sum())
+            total += float(sum(t.sum() for t in torch.split(x, 2, 0)))
+            total += float(torch.nn.functional.cross_entropy(x, torch.zeros(n, dtype=torch.long)))
+    rows = mode.report().rows
+    print(sum(r.traces for r in rows), sum(r.loaded for r in rows), sum(r.family for r in rows))
+    print(repr(total))
+    """
+)
+
+
+@pytest.fixture
+def on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EAGERDECOMP_DISK_CACHE", "1")
+    monkeypatch.setattr(disk, "_warned", type(disk._warned)())
+    ed.cache_clear()
+    yield tmp_path
+    ed.cache_clear()
+
+
+def _run(env_dir, extra_env=None):
+    env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(env_dir), EAGERDECOMP_DISK_CACHE="1")
+    env.update(extra_env or {})
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts, total = out.stdout.strip().splitlines()[-2:]
+    return tuple(map(int, counts.split())), total, out.stderr
+
+
+def _entries(root):
+    return sorted(p for p in root.rglob("*.pkl") if not p.name.startswith(".tmp-"))
+
+
+def test_a_second_process_loads_instead_of_tracing(tmp_path):
+    (traces1, loaded1, _), total1, _ = _run(tmp_path)
+    assert traces1 > 0 and loaded1 == 0
+    (traces2, loaded2, family2), total2, err = _run(tmp_path)
+    assert traces2 == 0 and loaded2 > 0
+    assert total1 == total2
+    assert "unreadable" not in err
+
+
+def test_switched_off_writes_nothing(tmp_path):
+    (traces, loaded, _), _, _ = _run(tmp_path, {"EAGERDECOMP_DISK_CACHE": "0"})
+    assert traces > 0 and loaded == 0
+    assert not _entries(tmp_path)
+
+
+def _work():
+    with ed.EagerDecompMode("core_aten") as mode:
+        xs = [torch.randn(n, 4) for n in (3, 7)]
+        ys = [F.mish(x) for x in xs]
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(y, F.mish(x))
+    return mode.report().row(aten.mish.default)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "stale format", "empty"])
+def test_an_unreadable_entry_warns_once_and_is_rebuilt(on_disk, damage):
+    first = _work()
+    assert first.traces >= 1
+    entries = _entries(on_disk)
+    assert entries
+    for p in entries:
+        data = p.read_bytes()
+        if damage == "garbage":
+            p.write_bytes(b"not a pickle" * 10)
+        elif damage == "truncated":
+            p.write_bytes(data[: len(data) // 2])
+        elif damage == "empty":
+            p.write_bytes(b"")
+        else:
+            import pickle
+
+            entry = pickle.loads(data)
+            entry["format"] = -1
+            p.write_bytes(pickle.dumps(entry))
+    ed.cache_clear()  # memory only: the next calls read the damaged entries
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _work()
+    unreadable = [w for w in caught if "unreadable kernel cache entry" in str(w.message)]
+    assert len(unreadable) == 1, [str(w.message) for w in caught]
+    assert again.traces >= 1 and again.loaded == 0  # rebuilt by tracing
+    ed.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        third = _work()
+    assert not [w for w in caught if "unreadable" in str(w.message)]
+    assert third.traces == 0 and third.loaded >= 1  # the rebuilt entries are whole
+
+
+def test_cache_clear_disk_removes_the_entries(on_disk):
+    _work()
+    assert _entries(on_disk)
+    ed.cache_clear(disk=True)
+    assert not _entries(on_disk)
+    row = _work()
+    assert row.traces >= 1 and row.loaded == 0
+
+
+def test_user_decompositions_are_not_persisted(on_disk):
+    def mine(x):
+        return x * torch.tanh(F.softplus(x))
+
+    with ed.EagerDecompMode("core_aten", decompositions={aten.mish.default: mine}):
+        F.mish(torch.randn(4))
+    assert not _entries(on_disk)
+    assert disk.store_for(ed.OpSet.coerce("core_aten"), {aten.mish.default: mine}) is None
+
+
+def test_the_fingerprint_separates_opsets(on_disk):
+    a = disk.store_for(ed.OpSet.coerce("core_aten"), {})
+    b = disk.store_for(ed.OpSet.coerce("prims"), {})
+    assert a.folder != b.folder and a.folder.parent == b.folder.parent
+
+
+WRITER = textwrap.dedent(
+    """
+    import torch, torch.nn.functional as F
+    import eagerdecomp as ed
+    with ed.EagerDecompMode("core_aten"):
+        for i in range(30):
+            ed.cache_clear()  # memory only: every round writes its entries to disk again
+            for n in (3, 5, 8):
+                x = torch.randn(n, 4)
+                F.mish(x); torch.logsumexp(x, 1); F.silu(x)
+    """
+)
+
+
+def test_concurrent_writers_leave_a_valid_cache(tmp_path):
+    env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(tmp_path), EAGERDECOMP_DISK_CACHE="1")
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER], env=env, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert "unreadable" not in err
+    assert not list(tmp_path.rglob(".tmp-*"))  # no temporary file left behind
+    import pickle
+
+    for p in _entries(tmp_path):
+        entry = pickle.loads(p.read_bytes())
+        assert entry["format"] == disk.FORMAT
+    (traces, loaded, _), _, err = _run(tmp_path)
+    assert "unreadable" not in err
