@@ -38,7 +38,7 @@ from .quiet import quiet
 
 __all__ = ["enabled", "Store", "store_for", "clear"]
 
-FORMAT = 1  # bumped when the entry layout changes: older entries then read as stale
+FORMAT = 2  # bumped when the entry layout changes: older entries then read as stale
 _warned = threading.Event()  # one warning per process for unreadable entries
 
 
@@ -182,6 +182,7 @@ def _kernel_data(kernel) -> dict:
         "spec": kernel.spec,
         "warnings": [text for text, _ in kernel.warnings],
         "fixups": list(kernel.fixups),
+        "ints": list(kernel.ints),
     }
 
 
@@ -190,7 +191,9 @@ def _kernel_from(data: dict):
 
     module = _graph_from(data["graph"], data["constants"], data["class"], data["op"])
     spec = data["spec"]
-    return Kernel(_op_from_name(data["op"]), module, spec, [(t, UserWarning) for t in data["warnings"]], data["fixups"])
+    kernel = Kernel(_op_from_name(data["op"]), module, spec, [(t, UserWarning) for t in data["warnings"]], data["fixups"])
+    kernel.ints = tuple(tuple(p) for p in data["ints"])
+    return kernel
 
 
 def _member_data(member) -> dict:

@@ -23,6 +23,7 @@ memory without being the same object; out= ops (their outputs are resized).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .key import Key
 from .symbolic import NotGeneric, bindings, evaluate
 
-__all__ = ["enabled", "Member", "Family", "family_key", "out_meta", "agrees", "MAX_MEMBERS"]
+__all__ = [
+    "enabled", "Member", "Family", "family_key", "out_meta", "agrees", "MAX_MEMBERS",
+    "symint_positions", "int_paths", "read_ints",
+]
 
 
 
@@ -92,12 +96,103 @@ def _layout_class(shape, stride) -> tuple:
     return tuple(perm)
 
 
-def family_key(func, key: Key, tensors: list) -> Key:
-    """The family of a call with exact key ``key``; NotGeneric when it keeps exact-shape kernels."""
+_SYMINT = re.compile(r"SymInt(?:\[\d*\])?\??\s+(\w+)")
+_POSITIONS: dict = {}
+
+
+def symint_positions(func) -> tuple:
+    """Positions (index, or kwarg name) of ``func``'s ``SymInt`` / ``SymInt[]`` arguments.
+
+    NOTE: read from the schema's text: the parsed schema's argument types say ``int`` for
+    both, and only ``SymInt`` arguments are sizes that may become symbols (``dim`` stays a value).
+    """
+    out = _POSITIONS.get(func)
+    if out is None:
+        names = set(_SYMINT.findall(str(func._schema)))
+        if func.overloadpacket is torch.ops.aten.arange:
+            # NOTE: arange's bounds are Scalars, but an int bound is a length (a KV cache's positions)
+            names |= {"start", "end", "step"}
+        out = _POSITIONS[func] = tuple(
+            a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments) if a.name in names
+        )
+    return out
+
+
+def _at(args, kwargs, pos):
+    if type(pos) is int:
+        return args[pos] if pos < len(args) else None
+    return kwargs.get(pos)
+
+
+def int_paths(positions: tuple, args, kwargs) -> tuple:
+    """``(position, list index or None)`` of every int >= 2 at ``positions``: the ints made symbols.
+
+    0 and 1 stay values (a decomposition specializes on them, as on sizes), and so do
+    negative ints (-1 in a view's size means "infer").
+    """
+    out = []
+    for pos in positions:
+        v = _at(args, kwargs, pos)
+        if type(v) is int:
+            if v >= 2:
+                out.append((pos, None))
+        elif type(v) in (list, tuple):
+            out.extend((pos, i) for i, x in enumerate(v) if type(x) is int and x >= 2)
+    return tuple(out)
+
+
+def read_ints(paths: tuple, args, kwargs) -> list:
+    """The values at ``paths`` (:func:`int_paths`) of a call."""
+    out = []
+    for pos, i in paths:
+        v = _at(args, kwargs, pos)
+        out.append(v if i is None else v[i])
+    return out
+
+
+def _part_indices(args, kwargs) -> dict:
+    """Where each argument (and each element of a list argument) sits in a key's parts."""
+    out: dict = {}
+    n = 1  # parts[0] is the op
+
+    def size(x) -> int:
+        if type(x) is list or type(x) is tuple:
+            return 1 + sum(size(y) for y in x)
+        return 1
+
+    def place(pos, v):
+        nonlocal n
+        out[pos, None] = n
+        if type(v) is list or type(v) is tuple:
+            m = n + 1
+            for i, y in enumerate(v):
+                out[pos, i] = m
+                m += size(y)
+        n += size(v)
+
+    for i, a in enumerate(args):
+        place(i, a)
+    for k, v in kwargs.items():
+        n += 1  # the kwarg's name
+        place(k, v)
+    return out
+
+
+def family_key(func, key: Key, tensors: list, paths: tuple = (), args=(), kwargs=None) -> Key:
+    """The family of a call with exact key ``key``; NotGeneric when it keeps exact-shape kernels.
+
+    ``paths`` (:func:`int_paths` of the key's ``args``/``kwargs``) are ints made symbols: the
+    family holds them as a marker, not their values.
+    """
     if func._schema.is_mutable and any(a.is_out for a in func._schema.arguments):
         raise NotGeneric("out= op (eager resizes its outputs)")
+    key_parts = list(key.parts)
+    if paths:
+        where = _part_indices(args, kwargs or {})
+        for path in paths:
+            key_parts[where[path]] = ("symint",)
     parts = [("family",)]
-    for p in key.parts:
+    for p in key_parts:
         if type(p) is tuple and p and type(p[0]) is torch.Size:
             shape, stride, off, dtype, device, conj, neg = p
             if off:
@@ -119,12 +214,12 @@ def family_key(func, key: Key, tensors: list) -> Key:
     return Key(tuple(parts))
 
 
-def agrees(member: Member, tensors, ref) -> bool:
+def agrees(member: Member, tensors, ref, ints=()) -> bool:
     """Whether ``member``'s outputs at these inputs' sizes are eager's (``ref``: the op's meta
     kernel on this call, :func:`eagerdecomp.exact.reference`)."""
     if ref is None or len(ref.outs) != len(member.metas) or list(ref.shares) != list(member.shares):
         return False
-    values = bindings(member.sources, tensors)
+    values = bindings(member.sources, tensors, ints)
     for meta, r, shares in zip(member.metas, ref.outs, member.shares):
         if meta is None or not isinstance(r, torch.Tensor):
             if (meta is None) != (not isinstance(r, torch.Tensor)):

@@ -21,7 +21,9 @@ __all__ = ["Kernel"]
 class Kernel:
     """A cached, replayable decomposition of one op for one key."""
 
-    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups")
+    # ints: paths of the int arguments a shape-generic kernel takes as inputs after the
+    # tensors and lifted floats (eagerdecomp.family.int_paths); () for every other kernel
+    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups", "ints")
 
     def __init__(self, op, module, spec, warnings_=(), fixups=()):
         self.op = op
@@ -37,6 +39,7 @@ class Kernel:
         self.leaf_ops = tuple(sorted(set(calls), key=str))
         self.random = any("nondeterministic_seeded" in [t.name for t in op.tags] for op in self.leaf_ops)
         self.fixups = tuple(fixups)
+        self.ints = ()
 
     def __call__(self, tensors: Sequence):
         flat = self.fn(*tensors)

@@ -24,7 +24,7 @@ from .registry import version as table_version
 from .stats import DISK, FAMILY, LIFTED, Route, Stats
 from .disk import enabled as disk_enabled
 from .disk import store_for
-from .family import MAX_MEMBERS, Family, agrees, family_key
+from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from .family import enabled as family_enabled
 from .symbolic import NotGeneric
 from .exact import reference, same_strides
@@ -121,6 +121,8 @@ class Runtime:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
                 stats.record_kernel(entry)
             inputs = tensors + [v for _, v in lifted] if lifted else tensors
+            if entry.ints:  # a shape-generic kernel's int arguments are inputs too
+                inputs = inputs + read_ints(entry.ints, args, kwargs)
             if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
                 return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref)
             elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
@@ -165,7 +167,7 @@ class Runtime:
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
         self.cache.discard(key)
-        self.cache.set_family(family_key(func, key, tensors), Family((), "replayed layout differed from eager's"))
+        self.cache.set_family(self._tls.fkey, Family((), "replayed layout differed from eager's"))
         if func._schema.is_mutable:
             raise MismatchError(f"{func}: a shape-generic kernel returned a layout eager does not; "
                                 "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this")
@@ -173,8 +175,13 @@ class Runtime:
 
     def _from_family(self, func, args, kwargs, tensors, lifted, key):
         """A shape-generic kernel for this call (found or traced), or None: trace an exact one."""
+        key_args, key_kwargs = args, kwargs
+        if lifted:
+            key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
+        paths = int_paths(symint_positions(func), args, kwargs)
+        ints = read_ints(paths, args, kwargs)
         try:
-            fkey = family_key(func, key, tensors)
+            fkey = family_key(func, key, tensors, paths, key_args, key_kwargs)
         except NotGeneric as e:
             self.stats.exact_shapes(func, e.reason)
             return None
@@ -188,17 +195,17 @@ class Runtime:
 
         def find(members):
             for m in members:
-                if m.guard(tensors):
-                    if agrees(m, tensors, ref()):
+                if m.guard(tensors, ints):
+                    if agrees(m, tensors, ref(), ints):
                         return m.kernel
                     raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
             return None
 
         def make():
             t0 = time.perf_counter()
-            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted)
+            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted, paths)
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
-            if not member.guard(tensors) or not agrees(member, tensors, ref()):
+            if not member.guard(tensors, ints) or not agrees(member, tensors, ref(), ints):
                 raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
             log.info("%s: traced a shape-generic kernel in %.1f ms; guard: %s", func, 1e3 * (time.perf_counter() - t0), member.guard.source)
             return member
@@ -226,7 +233,7 @@ class Runtime:
                 store.save_members(fkey, family.members)
                 store.save_kernel(key, kernel)  # checked against eager at this key when traced
         else:
-            self._tls.answer, self._tls.ref = FAMILY, ref()
+            self._tls.answer, self._tls.ref, self._tls.fkey = FAMILY, ref(), fkey
         return kernel
 
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):

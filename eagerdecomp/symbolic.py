@@ -36,6 +36,7 @@ __all__ = [
     "bindings",
     "evaluate",
     "symbol_sources",
+    "symbolic_ints",
     "size",
     "stride",
     "offset",
@@ -81,6 +82,19 @@ def symbolic_layout(env, tensors: list) -> list:
     return out
 
 
+def symbolic_ints(env, values: list) -> list:
+    """A SymInt for each int argument made a symbol (all >= 2), source ``i{j}``."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    out = []
+    for j, v in enumerate(values):
+        source = LocalSource(f"i{j}")
+        sym = env.create_symbol(v, source, dynamic_dim=DimDynamic.DYNAMIC)
+        out.append(env.create_symintnode(sym, hint=v, source=source))
+    return out
+
+
 # -- reading sizes at replay: plain functions, so nothing is dispatched ---------------------
 
 
@@ -107,8 +121,8 @@ def sym_min(*a):
 class SymGraph:
     """Turns symbolic ints into FX nodes of ``graph`` (one node per distinct expression)."""
 
-    def __init__(self, graph, env, placeholders: list):
-        self.graph, self.env, self.placeholders = graph, env, placeholders
+    def __init__(self, graph, env, placeholders: list, ints: list = ()):
+        self.graph, self.env, self.placeholders, self.ints = graph, env, placeholders, ints
         self._memo: dict = {}
 
     def node(self, x):
@@ -175,6 +189,8 @@ class SymGraph:
         from torch._dynamo.source import TensorProperty, TensorPropertySource
 
         for src in self.env.var_to_sources.get(s, ()):
+            if not isinstance(src, TensorPropertySource) and src.name.startswith("L['i"):
+                return self.ints[int(src.name[4:-2])]
             if isinstance(src, TensorPropertySource) and src.base.name.startswith("L['t"):
                 i = int(src.base.name[4:-2])
                 t = self.placeholders[i]
@@ -195,15 +211,22 @@ def symbol_sources(env) -> dict:
     for s, sources in env.var_to_sources.items():
         src = sources[0]
         if not isinstance(src, TensorPropertySource):
+            if src.name.startswith("L['i"):
+                out[str(s)] = (int(src.name[4:-2]), "int", None)
+                continue
             raise NotGeneric(f"size symbol {s} is not read from an input")
         out[str(s)] = (int(src.base.name[4:-2]), kinds.get(src.prop, "offset"), src.idx)
     return out
 
 
-def bindings(sources: dict, tensors) -> dict:
-    """``{symbol name: value}`` for the symbols of ``sources`` (:func:`symbol_sources`), read from ``tensors``."""
+def bindings(sources: dict, tensors, ints=()) -> dict:
+    """``{symbol name: value}`` for the symbols of ``sources`` (:func:`symbol_sources`), read
+    from ``tensors`` and the int arguments made symbols (``ints``)."""
     out = {}
     for name, (i, kind, d) in sources.items():
+        if kind == "int":
+            out[name] = ints[i]
+            continue
         t = tensors[i]
         out[name] = t.size(d) if kind == "size" else t.stride(d) if kind == "stride" else t.storage_offset()
     return out
@@ -228,10 +251,12 @@ class Guard:
         self.source = source or "True"
         self._code = compile(self.source, "<eagerdecomp guard>", "eval")
 
-    def __call__(self, tensors) -> bool:
+    def __call__(self, tensors, ints=()) -> bool:
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-        return bool(eval(self._code, SYMPY_INTERP, {"L": {f"t{i}": t for i, t in enumerate(tensors)}}))
+        scope = {f"t{i}": t for i, t in enumerate(tensors)}
+        scope.update((f"i{j}", v) for j, v in enumerate(ints))
+        return bool(eval(self._code, SYMPY_INTERP, {"L": scope}))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Guard) and other.source == self.source

@@ -26,13 +26,13 @@ from torch.utils._pytree import tree_flatten
 
 from .errors import MismatchError, TraceError, UnsupportedOpError
 from .exact import check_devices, finish_outputs, new_fake_mode, reference, swap_tensors
-from .family import Member, out_meta
+from .family import Member, out_meta, read_ints
 from .key import Bypass
 from .lift import LiftRefused, same_kernel, stand_ins
 from .lower import Lowerer, Stuck
 from .quiet import quiet
 from .replay import Kernel
-from .symbolic import Guard, NotGeneric, SymGraph, new_shape_env, symbol_sources, symbolic_layout
+from .symbolic import Guard, NotGeneric, SymGraph, new_shape_env, symbol_sources, symbolic_ints, symbolic_layout
 
 __all__ = ["trace", "trace_family"]
 
@@ -151,23 +151,25 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
         return kernels[0]
 
 
-def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Member:
+def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(), paths=()) -> Member:
     """Trace a shape-generic kernel for this call's family: a :class:`~eagerdecomp.family.Member`.
 
     As :func:`trace`, over fakes whose sizes are symbols; the guard admits every shape on
     which the decomposition, its meta kernels and the exactness checks decide alike.
+    ``paths`` (:func:`~eagerdecomp.family.int_paths`) are int arguments made symbols too: the
+    kernel then takes ``(*tensors, *lifted values, *those ints)``.
     Raises :class:`NotGeneric` (or any error :func:`trace` raises) when it cannot make
     one: the caller then traces an exact-shape kernel.
     """
     check_devices(func, tensors)
     with _disable_current_modes():
         if not lifted:
-            return _trace_generic(func, args, kwargs, tensors, opset, table, ())
+            return _trace_generic(func, args, kwargs, tensors, opset, table, (), paths)
         members = []
         for which in (0, 1):
             values = stand_ins(lifted, which)
             a, k = _with_values(args, kwargs, lifted, values)
-            members.append(_trace_generic(func, a, k, tensors, opset, table, values))
+            members.append(_trace_generic(func, a, k, tensors, opset, table, values, paths))
         first, second = members
         if first.guard != second.guard or not same_kernel(first.kernel, second.kernel):
             raise NotGeneric("its graph or guard depends on the value of a float argument")
@@ -187,8 +189,24 @@ def _symbolic_fakes(mode, tensors, layouts) -> list:
     return out
 
 
-def _trace_generic(func, args, kwargs, tensors, opset, table, scalars) -> Member:
+def _with_ints(args, kwargs, paths, syms):
+    a, k = list(args), dict(kwargs)
+    for (pos, i), sym in zip(paths, syms):
+        holder = a if type(pos) is int else k
+        if i is None:
+            holder[pos] = sym
+        else:
+            seq = list(holder[pos])
+            seq[i] = sym
+            holder[pos] = type(holder[pos])(seq)
+    return tuple(a), k
+
+
+def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=()) -> Member:
     env = new_shape_env()
+    syms = symbolic_ints(env, read_ints(paths, args, kwargs)) if paths else []
+    if paths:
+        args, kwargs = _with_ints(args, kwargs, paths, syms)
     # NOTE: a repeated object keeps its first occurrence's symbols (source t{first index})
     first: dict = {}
     for i, t in enumerate(tensors):
@@ -203,8 +221,9 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars) -> Member
     fake_mode = new_fake_mode(env)
     fakes = _symbolic_fakes(fake_mode, tensors, layouts)
     finals: list = []
-    kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals)
-    guard = Guard(env.produce_guards_expression(placeholders, ignore_static=False))
+    kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals, len(paths))
+    kernel.ints = tuple(paths)
+    guard = Guard(_guard_source(env, placeholders, syms))
     # NOTE: what the kernel returns (after its fix-ups), not what the meta kernel said: at a
     # new shape the two are compared with eager's meta kernel (family.agrees)
     metas = tuple(out_meta(env, o) for o in finals)
@@ -213,17 +232,26 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars) -> Member
     return Member(kernel, guard, symbol_sources(env), metas, shares)
 
 
-def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None) -> Kernel:
+def _guard_source(env, placeholders, ints) -> str:
+    from torch._dynamo.source import LocalSource
+
+    names = [f"t{i}" for i in range(len(placeholders))] + [f"i{j}" for j in range(len(ints))]
+    guards = env.produce_guards(list(placeholders) + list(ints), [LocalSource(n) for n in names], ignore_static=False)
+    return " and ".join(guards) if guards else "True"
+
+
+def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None, n_ints=0) -> Kernel:
     if fake_mode is None:
         fake_mode = new_fake_mode()
         fakes = [fake_mode.from_tensor(t) for t in tensors]
     emitter = _Emitter(fake_mode)
     for i, f in enumerate(fakes):
         emitter.placeholder(f, i)
-    if env is not None:
-        emitter.sym = SymGraph(emitter.graph, env, emitter.inputs)
     for i, v in enumerate(scalars):
         emitter.scalar_placeholder(v, i)
+    if env is not None:
+        ints = [emitter.graph.placeholder(f"i{j}") for j in range(n_ints)]
+        emitter.sym = SymGraph(emitter.graph, env, emitter.inputs, ints)
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}

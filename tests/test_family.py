@@ -226,3 +226,23 @@ def test_failed_member_trace_leaves_the_family_untouched():
             x = torch.randn(n)
             torch.testing.assert_close(aten.mish.default(x), F.mish(x))
     assert mode.report().row(aten.mish.default).traces == 1  # one member serves the three lengths
+
+
+def test_size_arguments_are_symbols_too(fresh):
+    # SymInt arguments (a view's size, a factory's size, arange's bound) are symbols of the
+    # family: one kernel serves every length; 0/1 and negative sizes stay values
+    with ed.EagerDecompMode("core_aten") as mode:
+        outs = []
+        for n in (5, 7, 12, 3):
+            x = torch.randn(n, 6)
+            outs.append((n, x, aten._unsafe_view.default(x, [n * 2, 3]), torch.zeros(n, 4), torch.arange(n),
+                         aten._unsafe_view.default(x, [-1, 2])))
+    for n, x, v, z, a, w in outs:
+        torch.testing.assert_close(v, x.reshape(n * 2, 3))
+        assert z.shape == (n, 4) and z.dtype == torch.float32 and not z.any()
+        assert torch.equal(a, torch.arange(n))
+        torch.testing.assert_close(w, x.reshape(-1, 2))
+    report = mode.report()
+    for op in (aten._unsafe_view.default, aten.zeros.default, aten.arange.default):
+        row = report.row(op)
+        assert row.traces <= 2 and row.family >= 2, (op, row.traces, row.family, row.exact_shapes)

@@ -1,0 +1,302 @@
+"""Programs whose shapes change every step: dynamic padding and KV-cache generation.
+
+    python bench/shapes.py [--rounds N] [--profile]
+
+1. **Dynamic-padding training**: a 2-layer BERT (transformers, random weights, built from a
+   config offline) trained with AdamW on 12 batches whose sequence length changes every step.
+   Each round runs, from a cold kernel cache: the 12 steps at 12 lengths, and the same 12 steps
+   at one length, under ``EagerDecompMode("core_aten")``; then both on the reference device
+   edref with ``eagerdecomp.enable`` (cold too); native CPU steps are interleaved with each.
+   Reported: medians over rounds of the 12-step totals, their ratios, and the kernels traced
+   (the most any decomposed op traced over the 12 lengths).
+2. **KV-cache generation**: greedy ``generate()`` of 48 tokens with a tiny Llama (random
+   weights): the first call from a cold cache and the second, native vs the mode vs edref;
+   kernels traced after the first decoding step's shapes.
+3. ``--profile``: where a cold first step's time goes (cumulative seconds of the tracing
+   parts, cProfile) and the per-kernel trace cost.
+
+The in-memory kernel cache is cleared before every cold run and the persistent one is off
+(``EAGERDECOMP_DISK_CACHE=0``), so every cold run traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+import warnings
+
+os.environ.setdefault("EAGERDECOMP_DISK_CACHE", "0")
+
+import torch  # noqa: E402
+
+import eagerdecomp as ed  # noqa: E402
+
+LENGTHS = [13, 27, 9, 31, 18, 22, 16, 29, 11, 24, 20, 35]
+BATCH = 4
+VOCAB = 1000
+NEW_TOKENS = 48
+
+
+def _bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=128, max_position_embeddings=128, num_labels=3)
+    torch.manual_seed(0)
+    return BertForSequenceClassification(cfg)
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _batches(lengths, device="cpu"):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, VOCAB, (BATCH, n), generator=g)
+        mask = torch.ones(BATCH, n, dtype=torch.long)
+        mask[0, n // 2:] = 0  # padded rows, as a data loader's collate makes them
+        labels = torch.randint(0, 3, (BATCH,), generator=g)
+        out.append(tuple(t.to(device) for t in (ids, mask, labels)))
+    return out
+
+
+def _step(model, opt, batch):
+    ids, mask, labels = batch
+    opt.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _traced(report) -> dict:
+    return {r.op: r.traces for r in report.rows if r.traces}
+
+
+def _run_steps(model, batches, ctx, native_model=None, native_batches=None):
+    """Total seconds of the steps under ``ctx``; native steps interleaved (their total too)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    nopt = torch.optim.AdamW(native_model.parameters(), lr=1e-3) if native_model is not None else None
+    total = native = 0.0
+    for i, b in enumerate(batches):
+        if native_model is not None:
+            t0 = time.perf_counter()
+            _step(native_model, nopt, native_batches[i])
+            native += time.perf_counter() - t0
+        with ctx():
+            t0 = time.perf_counter()
+            _step(model, opt, b)
+            total += time.perf_counter() - t0
+    return total, native
+
+
+class _Mode:
+    def __init__(self):
+        self.mode = None
+
+    def __call__(self):
+        self.mode = self.mode or ed.EagerDecompMode("core_aten")
+        return self.mode
+
+
+def padding(rounds: int, dev) -> dict:
+    base = _bert()
+    res = {k: [] for k in ("native", "mode dyn", "mode one", "edref dyn", "edref one")}
+    traced = {}
+    for _ in range(rounds):
+        for lengths, tag in ((LENGTHS, "dyn"), ([LENGTHS[0]] * len(LENGTHS), "one")):
+            ed.cache_clear()
+            ctx = _Mode()
+            mode_t, nat_t = _run_steps(copy.deepcopy(base), _batches(lengths), ctx, copy.deepcopy(base), _batches(lengths))
+            res[f"mode {tag}"].append(mode_t)
+            if tag == "dyn":
+                res["native"].append(nat_t)
+                traced = _traced(ctx.mode.report())
+            if dev is not None:
+                ed.cache_clear()
+                model = copy.deepcopy(base).to(dev)
+                b = ed.enable(dev)
+                try:
+                    t, _ = _run_steps(model, _batches(lengths, dev), _nullctx)
+                finally:
+                    ed.disable(dev)
+                res[f"edref {tag}"].append(t)
+                if tag == "dyn":
+                    res["edref traced"] = _traced(b.report())
+    return {"times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"},
+            "traced": traced, "edref traced": res.get("edref traced", {})}
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def generation(rounds: int, dev) -> dict:
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    model = _llama()
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    out: dict = {k: [] for k in ("native 1st", "native 2nd", "mode 1st", "mode 2nd", "edref 1st", "edref 2nd")}
+    after_first = []
+
+    class Marks(LogitsProcessor):
+        """Notes the kernels traced so far at each decoding step (its forward has run)."""
+
+        def __init__(self, report):
+            self.report, self.marks = report, []
+
+        def __call__(self, input_ids, scores):
+            self.marks.append(sum(r.traces for r in self.report().rows))
+            return scores
+
+    def gen(m, x, procs=None):
+        t0 = time.perf_counter()
+        y = m.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                       logits_processor=procs)
+        return time.perf_counter() - t0, y
+
+    for _ in range(rounds):
+        for k in ("1st", "2nd"):
+            out[f"native {k}"].append(gen(model, ids)[0])
+        ed.cache_clear()
+        with ed.EagerDecompMode("core_aten") as mode:
+            marks = Marks(mode.report)
+            t1, y1 = gen(model, ids, LogitsProcessorList([marks]))
+            t2, y2 = gen(model, ids)
+        out["mode 1st"].append(t1)
+        out["mode 2nd"].append(t2)
+        # NOTE: marks[0] is after the prefill, marks[1] after the first decoding step
+        after_first.append(marks.marks[-1] - marks.marks[1])
+        ref = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        assert torch.equal(y1, ref) and torch.equal(y2, ref), "generate() under the mode differs from native"
+        total = sum(r.traces for r in mode.report().rows)
+        if dev is not None:
+            ed.cache_clear()
+            dmodel = copy.deepcopy(model).to(dev)
+            ed.enable(dev)
+            try:
+                for k in ("1st", "2nd"):
+                    out[f"edref {k}"].append(gen(dmodel, ids.to(dev))[0])
+            finally:
+                ed.disable(dev)
+    return {"times": {k: statistics.median(v) for k, v in out.items() if v}, "after_first": max(after_first),
+            "traced": total}
+
+
+def profile_first_step() -> None:
+    """Where the cold first step of the dynamic-padding run spends its time."""
+    import cProfile
+    import pstats
+
+    from eagerdecomp import runtime
+
+    base = _bert()
+    ed.cache_clear()
+    costs = {"exact": [], "family": []}
+    orig = (runtime.trace, runtime.trace_family)
+
+    def timed(kind, fn):
+        def wrap(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                costs[kind].append(time.perf_counter() - t0)
+        return wrap
+
+    runtime.trace, runtime.trace_family = timed("exact", orig[0]), timed("family", orig[1])
+    prof = cProfile.Profile()
+    try:
+        model, batches = copy.deepcopy(base), _batches(LENGTHS[:2])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with ed.EagerDecompMode("core_aten"):
+            t0 = time.perf_counter()
+            prof.enable()
+            _step(model, opt, batches[0])
+            prof.disable()
+            first = time.perf_counter() - t0
+            n_first = {k: len(v) for k, v in costs.items()}
+            t0 = time.perf_counter()
+            _step(model, opt, batches[1])
+            second = time.perf_counter() - t0
+    finally:
+        runtime.trace, runtime.trace_family = orig
+    stats = pstats.Stats(prof)
+    parts = {
+        "symbolic fakes + guards (symbolic.py, produce_guards)": ("symbolic.py", "symbolic_layout", "produce_guards_expression"),
+        "meta reference (exact.reference)": ("exact.py", "reference"),
+        "lowering over fakes (Lowerer.lower)": ("lower.py", "lower"),
+        "output checks and fix-ups (exact.finish_outputs)": ("exact.py", "finish_outputs"),
+        "FX codegen (GraphModule.__init__)": ("graph_module.py", "__init__"),
+        "family agreement checks (family.agrees)": ("family.py", "agrees"),
+    }
+    print(f"cold first step {first:.2f} s (traced {n_first['family']} shape-generic + {n_first['exact']} exact kernels); "
+          f"second step at a new length {second:.2f} s")
+    for label, (file, *funcs) in parts.items():
+        cum = max((v[3] for (f, _, fn), v in stats.stats.items() if f.endswith(file) and fn in funcs), default=0.0)
+        print(f"  {label:55} {cum:6.2f} s")
+    for kind, v in costs.items():
+        if v:
+            print(f"  per-kernel trace cost, {kind:6}: median {statistics.median(v) * 1e3:6.1f} ms, "
+                  f"mean {statistics.mean(v) * 1e3:6.1f} ms over {len(v)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--no-edref", action="store_true")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    dev = None
+    if not args.no_edref:
+        try:
+            from eagerdecomp.refdev import reference_device
+
+            dev = reference_device()
+        except Exception as e:  # noqa: BLE001
+            print(f"edref unavailable: {e}")
+    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds (medians) | "
+          f"shape families {'on' if os.environ.get('EAGERDECOMP_SHAPE_GENERIC', '1') != '0' else 'off'}\n")
+    if args.profile:
+        profile_first_step()
+        print()
+    r = padding(args.rounds, dev)
+    t = r["times"]
+    worst = max(r["traced"].values(), default=0)
+    print(f"dynamic padding, BERT 2x64, AdamW, 12 steps (lengths {LENGTHS[0]}..{max(LENGTHS)}), cold cache:")
+    print(f"  native {t['native']:.2f} s | mode, 12 lengths {t['mode dyn']:.2f} s ({t['mode dyn'] / t['native']:.1f}x native) | "
+          f"mode, one length {t['mode one']:.2f} s | 12 lengths / one length under the mode: {t['mode dyn'] / t['mode one']:.2f}x")
+    if "edref dyn" in t:
+        print(f"  edref+enable, 12 lengths {t['edref dyn']:.2f} s | one length {t['edref one']:.2f} s | "
+              f"ratio {t['edref dyn'] / t['edref one']:.2f}x")
+    print(f"  kernels traced over the 12 lengths: {sum(r['traced'].values())} for {len(r['traced'])} ops, "
+          f"at most {worst} for one op" + (f" ({', '.join(k for k, v in r['traced'].items() if v == worst)})" if worst > 2 else ""))
+    g = generation(args.rounds, dev)
+    t = g["times"]
+    print(f"\ngeneration, tiny Llama 2x64, greedy, {NEW_TOKENS} new tokens, KV cache:")
+    print(f"  native 1st {t['native 1st']:.2f} s, 2nd {t['native 2nd']:.2f} s | mode 1st {t['mode 1st']:.2f} s "
+          f"({t['mode 1st'] / t['native 1st']:.1f}x native), 2nd {t['mode 2nd']:.2f} s ({t['mode 2nd'] / t['native 2nd']:.1f}x native) | "
+          f"mode 1st/2nd {t['mode 1st'] / t['mode 2nd']:.2f}x")
+    if "edref 1st" in t:
+        print(f"  edref+enable 1st {t['edref 1st']:.2f} s, 2nd {t['edref 2nd']:.2f} s | 1st/2nd {t['edref 1st'] / t['edref 2nd']:.2f}x")
+    print(f"  kernels traced: {g['traced']} in all, {g['after_first']} after the first decoding step's shapes")
+
+
+if __name__ == "__main__":
+    main()
