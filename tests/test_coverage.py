@@ -229,3 +229,19 @@ def test_cli_profile_runs_a_script(tmp_path, capsys):
     ops = {r["op"]: r for r in data["ops"]}
     assert ops["aten.hardswish.default"]["route"] == "decomposed"
     assert data["routes"]["tracing"]["calls"] >= 1
+
+
+@pytest.mark.parametrize("name", ["_scaled_dot_product_flash_attention_for_cpu_backward", "_grouped_mm"])
+def test_ops_no_opinfo_reaches_get_samples_and_a_verdict(name):
+    """SDPA's OpInfo samples are 3-d (the math path) and no OpInfo calls _grouped_mm: the
+    graph captures small programs for them instead of calling them undetermined."""
+    from eagerdecomp.coverage.graph import _tables, one_level
+    from eagerdecomp.coverage.inputs import Pool, _from_programs
+
+    op = getattr(torch.ops.aten, name).default
+    pool = Pool()
+    _from_programs(pool)
+    samples = pool.by_op[op]
+    assert samples and {s.source for s in samples} == {"program"}
+    node, _ = one_level(op, samples, _tables()["aten"])
+    assert node.kind == "decomposes", node

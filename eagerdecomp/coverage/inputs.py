@@ -7,6 +7,9 @@ coverage analysis lowers each op on concrete inputs. They come, best first, from
     the calls that reach a dispatch mode while PyTorch's OpInfo samples run,
     forward and backward (so backward ops such as ``gelu_backward`` get the
     arguments autograd really passes);
+``program``
+    the same capture around a few small programs, for ops that only a fused
+    kernel's autograd or a model library calls (see ``_PROGRAMS``);
 ``opinfo-bound``
     an OpInfo sample passed straight to an overload of the OpInfo's own aten
     packet (the only way to reach CompositeImplicitAutograd overloads, which
@@ -164,15 +167,15 @@ class Pool:
 class _Capture(TorchDispatchMode):
     """Records every aten call that reaches it, then runs it."""
 
-    def __init__(self, samples: Pool):
+    def __init__(self, samples: Pool, source: str = "opinfo"):
         super().__init__()
-        self.samples = samples
+        self.samples, self.source = samples, source
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "aten" and not self.samples.full(func):
             with torch.no_grad():
-                self.samples.add(func, args, kwargs, "opinfo")
+                self.samples.add(func, args, kwargs, self.source)
         return func(*args, **kwargs)
 
 
@@ -258,7 +261,42 @@ def _detached(x):
     return x.detach() if isinstance(x, torch.Tensor) else x
 
 
+def _sdpa_4d(causal: bool, kv_heads: int):
+    q = torch.randn(2, 4, 5, 8, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, 7, 8, requires_grad=True) for _ in range(2))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=kv_heads != 4)
+    torch.autograd.grad(out.sum(), (q, k, v))
+
+
+def _grouped_mm(dtype):
+    a = torch.randn(32, 16, dtype=dtype)
+    b = torch.randn(4, 16, 16, dtype=dtype).transpose(-2, -1)  # the kernel wants 16-byte strides
+    torch._grouped_mm(a, b, torch.tensor([8, 16, 24, 32], dtype=torch.int32))
+    torch._grouped_mm(a.view(2, 16, 16), b[:2])
+
+
+# NOTE: ops that only a fused kernel's own autograd (or a model library) calls, with arguments
+# no OpInfo sample makes: SDPA's OpInfo samples are 3-d, so they take the math path and never
+# reach the 4-d CPU flash kernel and its backward; no OpInfo calls _grouped_mm (MoE layers do).
+# Captured like OpInfo samples, so the graph decides these ops instead of calling them undetermined.
+_PROGRAMS = (
+    lambda: _sdpa_4d(False, 4), lambda: _sdpa_4d(True, 4), lambda: _sdpa_4d(False, 2),
+    lambda: _grouped_mm(torch.float32), lambda: _grouped_mm(torch.bfloat16),
+)
+
+
+def _from_programs(pool: Pool) -> None:
+    for program in _PROGRAMS:
+        try:
+            with _Capture(pool, "program"):
+                program()
+        except Exception:  # noqa: BLE001 - a program this torch cannot run proves nothing
+            pass
+
+
 def _from_opinfo(pool: Pool, wanted, names) -> None:
+    if names is None:
+        _from_programs(pool)
     try:
         from torch.testing._internal.common_methods_invocations import op_db
     except Exception:  # noqa: BLE001 - needs expecttest; without it, only derived and synthesized inputs
