@@ -85,15 +85,18 @@ def out_meta(env, o):
     return (tuple(map(_expr, o.shape)), tuple(map(_expr, o.stride())), _expr(o.storage_offset()))
 
 
-def _layout_class(shape, stride) -> tuple:
-    """The stride order of a dense tensor (outermost first); NotGeneric if it is not dense."""
+def _layout_class(shape, stride, offset) -> tuple:
+    """A tensor's stride order (outermost first), whether it is dense in that order, and
+    whether it starts at a storage offset: tensors differing in these never share a kernel."""
     perm = sorted(range(len(shape)), key=lambda d: -stride[d])
-    expected = 1
+    expected, dense = 1, True
     for d in reversed(perm):
         if shape[d] != 1 and stride[d] != expected:
-            raise NotGeneric("a tensor argument is not dense (a slice, an expanded or overlapping view)")
+            dense = False
         expected *= shape[d]
-    return tuple(perm)
+    if not dense and any(s == 0 for n, s in zip(shape, stride) if n > 1):
+        raise NotGeneric("a tensor argument is expanded (a stride of 0)")
+    return tuple(perm), dense, offset != 0
 
 
 _SYMINT = re.compile(r"SymInt(?:\[\d*\])?\??\s+(\w+)")
@@ -195,13 +198,11 @@ def family_key(func, key: Key, tensors: list, paths: tuple = (), args=(), kwargs
     for p in key_parts:
         if type(p) is tuple and p and type(p[0]) is torch.Size:
             shape, stride, off, dtype, device, conj, neg = p
-            if off:
-                raise NotGeneric("a tensor argument starts at a storage offset")
             if conj or neg:
                 raise NotGeneric("a tensor argument has its conj or neg bit set")
             if 0 in shape:
                 raise NotGeneric("an empty tensor argument")
-            parts.append((len(shape), _layout_class(shape, stride), dtype, device))
+            parts.append((len(shape), _layout_class(shape, stride, off), dtype, device))
         else:
             parts.append(p)
     if len(tensors) > 1:

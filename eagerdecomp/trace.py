@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from .errors import MismatchError, TraceError, UnsupportedOpError
 from .exact import check_devices, finish_outputs, new_fake_mode, reference, swap_tensors
-from .family import Member, out_meta, read_ints
+from .family import Member, _layout_class, out_meta, read_ints
 from .key import Bypass
 from .lift import LiftRefused, same_kernel, stand_ins
 from .lower import Lowerer, Stuck
@@ -162,6 +162,15 @@ def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, l
     one: the caller then traces an exact-shape kernel.
     """
     check_devices(func, tensors)
+    try:
+        return _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths)
+    except (NotGeneric, Bypass, UnsupportedOpError, MismatchError, TraceError, LiftRefused):
+        raise
+    except Exception as e:  # noqa: BLE001 - symbolic machinery met something it cannot do: exact kernels
+        raise NotGeneric(f"symbolic trace failed: {type(e).__name__}") from e
+
+
+def _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths) -> Member:
     with _disable_current_modes():
         if not lifted:
             return _trace_generic(func, args, kwargs, tensors, opset, table, (), paths)
@@ -181,10 +190,18 @@ def _symbolic_fakes(mode, tensors, layouts) -> list:
     memo: dict = {}
     out = []
     with mode:
-        for t, (sizes, strides, _) in zip(tensors, layouts):
+        for t, (sizes, strides, offset) in zip(tensors, layouts):
             f = memo.get(id(t))
             if f is None:
-                f = memo[id(t)] = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+                if t.storage_offset() == 0 and _layout_class(t.shape, t.stride(), 0)[1]:
+                    f = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+                else:
+                    # NOTE: a slice or a strided view: a view of a storage just long enough,
+                    # so its storage offset and strides are symbols the guard reads too
+                    extent = offset + 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+                    base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
+                    f = base.as_strided(sizes, strides, offset)
+                memo[id(t)] = f
             out.append(f)
     return out
 

@@ -116,16 +116,39 @@ def test_guard_failure_traces_another_member(fresh):
     assert row.traces == 2 and row.family == 2  # 3 replays the 4's member, 5 the 6's; the last 4 is an exact hit
 
 
-def test_non_dense_input_keeps_exact_kernels_with_a_reason(fresh):
+def test_expanded_input_keeps_exact_kernels_with_a_reason(fresh):
     with ed.EagerDecompMode("core_aten") as mode:
-        xs = [torch.randn(n, 8)[:, ::2] for n in (4, 5)]
+        xs = [torch.randn(1, 8).expand(n, 8) for n in (4, 5)]
         ys = [F.mish(x) for x in xs]
     for x, y in zip(xs, ys):
         torch.testing.assert_close(y, F.mish(x.contiguous()))
     row = mode.report().row(aten.mish.default)
     assert row.traces == 2 and row.family == 0
-    assert any("not dense" in why for why in row.exact_shapes)
+    assert any("expanded" in why for why in row.exact_shapes)
     assert "exact shapes: " in str(mode.report())
+
+
+@pytest.mark.parametrize("view", ["step slice", "last column", "offset rows", "transposed slice"])
+def test_strided_and_offset_inputs_share_a_kernel(fresh, view):
+    take = {
+        "step slice": lambda x: x[:, ::2],
+        "last column": lambda x: x[:, -1],
+        "offset rows": lambda x: x[2:],
+        "transposed slice": lambda x: x[1:].t(),
+    }[view]
+    with ed.EagerDecompMode("core_aten") as mode:
+        pairs = []
+        for n in (6, 9, 13, 7, 20):
+            base = torch.randn(n, n + 3)
+            x = take(base)
+            pairs.append((x, F.mish(x), torch.logsumexp(x, 0), x.t()))
+    for x, y, z, v in pairs:
+        _assert_same(y, F.mish(x))
+        _assert_same(z, torch.logsumexp(x, 0))
+        assert v.stride() == x.t().stride() and v.storage_offset() == x.storage_offset()
+        assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    row = mode.report().row(aten.mish.default)
+    assert row.traces <= 2 and row.family >= 3, (row.traces, row.exact_shapes)
 
 
 def test_inplace_returns_its_input_and_views_alias_at_every_shape(fresh):
