@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .registry import project_decomposition
+from .variants import resize_out
 
 aten = torch.ops.aten
 
@@ -31,3 +32,19 @@ def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
 @project_decomposition(aten._index_put_impl.default)
 def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
     return aten.index_put.default(self, list(indices), values, accumulate)
+
+
+# NOTE: torch.ones(size, out=t) / torch.zeros(size, out=t): no functional twin of this
+# signature (ones.default takes dtype=, out= gives it), so the generic out= rule cannot reach
+# them. The core full in out's dtype and device, written into out resized as eager resizes it.
+def _filled_out(value):
+    def fill_out(size, *, out):
+        result = aten.full.default(list(size), value, dtype=out.dtype, device=out.device)
+        resize_out(out, result.shape)
+        return aten.copy_.default(out, result)
+
+    return fill_out
+
+
+project_decomposition(aten.ones.out)(_filled_out(1))
+project_decomposition(aten.zeros.out)(_filled_out(0))

@@ -116,3 +116,67 @@ def cummax(self, dim):
 @project_decomposition(aten.cummin.default)
 def cummin(self, dim):
     return _cumulative_extreme(self, dim, aten.le.Tensor)
+
+
+# NOTE: a stable sort from core sort, which makes no stability promise. Pass one sorts the
+# values (any order among equals); equal neighbours (NaNs equal to each other, -0.0 to 0.0:
+# what the comparator treats as equal) then share a group number g, ascending in sorted
+# order (a cumsum of "differs from the previous"). Pass two sorts the keys g * n + i, i the
+# original index: the keys are distinct integers, so their order is unique whatever the
+# algorithm, and it is by group, then by original index within a group. That is the
+# definition of a stable sort; the values are gathered at the resulting indices. Exact.
+@project_decomposition(aten.sort.stable)
+def sort_stable(self, *, stable=None, dim=-1, descending=False):
+    if not stable:
+        return aten.sort.default(self, dim, descending)
+    if self.dim() == 0:
+        return aten.clone.default(self), aten.full.default([], 0, dtype=torch.int64, device=self.device)
+    dim = dim % self.dim()
+    n = self.shape[dim]
+    if n <= 1 or self.numel() == 0:
+        return aten.sort.default(self, dim, descending)
+    values, index = aten.sort.default(self, dim, descending)
+    prev = aten.slice.Tensor(values, dim, 0, n - 1)
+    nxt = aten.slice.Tensor(values, dim, 1, n)
+    differs = aten.ne.Tensor(nxt, prev)
+    if self.dtype.is_floating_point:
+        both_nan = aten.logical_and.default(aten.isnan.default(nxt), aten.isnan.default(prev))
+        differs = aten.logical_and.default(differs, aten.logical_not.default(both_nan))
+    first = aten.zeros_like.default(aten.slice.Tensor(differs, dim, 0, 1), dtype=torch.int64)
+    group = aten.cumsum.default(aten.cat.default([first, aten._to_copy.default(differs, dtype=torch.int64)], dim), dim)
+    keys = aten.add.Tensor(aten.mul.Tensor(group, n), index)
+    keys, _ = aten.sort.default(keys, dim, False)
+    index = aten.remainder.Scalar(keys, n)
+    return aten.gather.default(self, dim, index), index
+
+
+def _log_add_exp(a, b):
+    """log(exp(a) + exp(b)) without overflow; equal infinities give themselves, NaN propagates."""
+    hi, lo = aten.maximum.default(a, b), aten.minimum.default(a, b)
+    out = aten.add.Tensor(hi, aten.log1p.default(aten.exp.default(aten.sub.Tensor(lo, hi))))
+    same_inf = aten.logical_and.default(aten.isinf.default(hi), aten.eq.Tensor(hi, lo))
+    return aten.where.self(same_inf, hi, out)
+
+
+# NOTE: logcumsumexp has no decomposition; a global shift by the max underflows early terms
+# far below it (exp(-1000 - 0) is 0: -inf where eager is finite). The kernel's running
+# log-add-exp is associative, so a log-depth scan (as cummax above) applies it: every
+# partial combines terms of comparable size. Evaluated in float64 and rounded once (the
+# scan's order of additions differs from the kernel's: an approximation under the accuracy
+# rule). Complex input is declined.
+@project_decomposition(aten.logcumsumexp.default)
+def logcumsumexp(self, dim):
+    if not self.dtype.is_floating_point:
+        return NotImplemented
+    if self.dim() == 0:
+        return aten.clone.default(self)
+    dim = dim % self.dim()
+    n = self.shape[dim]
+    acc = aten._to_copy.default(self, dtype=torch.float64)
+    k = 1
+    while k < n:
+        pad = aten.full_like.default(aten.slice.Tensor(acc, dim, 0, k), -math.inf)
+        prev = aten.cat.default([pad, aten.slice.Tensor(acc, dim, 0, n - k)], dim)
+        acc = _log_add_exp(acc, prev)
+        k *= 2
+    return aten._to_copy.default(acc, dtype=self.dtype, memory_format=torch.contiguous_format)
