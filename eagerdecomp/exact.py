@@ -27,7 +27,7 @@ from .errors import DeviceMismatchError, MismatchError
 from .lower import _IDENTITY
 from .quiet import quiet
 
-__all__ = ["reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "swap_tensors", "flat_tensors"]
+__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "swap_tensors", "flat_tensors"]
 
 aten = torch.ops.aten
 
@@ -77,6 +77,41 @@ def new_fake_mode(shape_env=None) -> FakeTensorMode:
     # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
     mode.cache_enabled = False
     return mode
+
+
+def fakes_like(mode, tensors, layouts=None) -> list:
+    """Fakes of ``tensors`` (key order; one fake per object) with ``layouts`` (``(sizes,
+    strides, offset)`` per tensor, symbolic or not; default: the tensors' own).
+
+    NOTE: built from sizes and strides, not ``from_tensor`` (a third of a reference's cost),
+    so only for calls whose distinct tensors share no memory, without conj/neg bits: what
+    a shape family admits. A strided or offset tensor is a view of a storage just long enough.
+    """
+    memo: dict = {}
+    out = []
+    with mode:
+        for j, t in enumerate(tensors):
+            f = memo.get(id(t))
+            if f is None:
+                sizes, strides, offset = layouts[j] if layouts is not None else (t.shape, t.stride(), t.storage_offset())
+                if t.storage_offset() == 0 and _dense(t.shape, t.stride()):
+                    f = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+                else:
+                    extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
+                    base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
+                    f = base.as_strided(sizes, strides, offset)
+                memo[id(t)] = f
+            out.append(f)
+    return out
+
+
+def _dense(shape, stride) -> bool:
+    expected = 1
+    for d in sorted(range(len(shape)), key=lambda d: -stride[d], reverse=True):
+        if shape[d] != 1 and stride[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
 
 
 def reference(func, args, kwargs, mode=None, fakes=None):

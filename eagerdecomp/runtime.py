@@ -27,7 +27,7 @@ from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from .family import enabled as family_enabled
 from .symbolic import NotGeneric
-from .exact import reference, same_strides
+from .exact import fakes_like, new_fake_mode, reference, same_strides
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
@@ -190,7 +190,8 @@ class Runtime:
         def ref():
             if not eager:
                 with _disable_current_modes():
-                    eager.append(reference(func, args, kwargs))
+                    mode = new_fake_mode()
+                    eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors)))
             return eager[0]
 
         def find(members):

@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from .errors import MismatchError, TraceError, UnsupportedOpError
-from .exact import check_devices, finish_outputs, new_fake_mode, reference, swap_tensors
-from .family import Member, _layout_class, out_meta, read_ints
+from .exact import check_devices, fakes_like, finish_outputs, new_fake_mode, reference, swap_tensors
+from .family import Member, out_meta, read_ints
 from .key import Bypass
 from .lift import LiftRefused, same_kernel, stand_ins
 from .lower import Lowerer, Stuck
@@ -187,23 +187,7 @@ def _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths) -> M
 
 def _symbolic_fakes(mode, tensors, layouts) -> list:
     """Fakes of ``tensors`` (key order; the same object gives the same fake) with symbolic layouts."""
-    memo: dict = {}
-    out = []
-    with mode:
-        for t, (sizes, strides, offset) in zip(tensors, layouts):
-            f = memo.get(id(t))
-            if f is None:
-                if t.storage_offset() == 0 and _layout_class(t.shape, t.stride(), 0)[1]:
-                    f = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
-                else:
-                    # NOTE: a slice or a strided view: a view of a storage just long enough,
-                    # so its storage offset and strides are symbols the guard reads too
-                    extent = offset + 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
-                    base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
-                    f = base.as_strided(sizes, strides, offset)
-                memo[id(t)] = f
-            out.append(f)
-    return out
+    return fakes_like(mode, tensors, layouts)
 
 
 def _with_ints(args, kwargs, paths, syms):
