@@ -122,6 +122,8 @@ def padding(rounds: int, dev) -> dict:
             if tag == "dyn":
                 res["native"].append(nat_t)
                 traced = _traced(ctx.mode.report())
+            else:
+                traced_one = _traced(ctx.mode.report())
             if dev is not None:
                 ed.cache_clear()
                 model = copy.deepcopy(base).to(dev)
@@ -134,7 +136,28 @@ def padding(rounds: int, dev) -> dict:
                 if tag == "dyn":
                     res["edref traced"] = _traced(b.report())
     return {"times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"},
-            "traced": traced, "edref traced": res.get("edref traced", {})}
+            "traced": traced, "traced one": traced_one, "edref traced": res.get("edref traced", {})}
+
+
+class _disk_on:
+    """The persistent cache on, over a temporary folder, for the duration."""
+
+    def __enter__(self):
+        import tempfile
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.old = {k: os.environ.get(k) for k in ("EAGERDECOMP_CACHE_DIR", "EAGERDECOMP_DISK_CACHE")}
+        os.environ.update(EAGERDECOMP_CACHE_DIR=self.tmp.name, EAGERDECOMP_DISK_CACHE="1")
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.tmp.cleanup()
+        return False
 
 
 class _nullctx:
@@ -184,6 +207,15 @@ def generation(rounds: int, dev) -> dict:
         ref = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
         assert torch.equal(y1, ref) and torch.equal(y2, ref), "generate() under the mode differs from native"
         total = sum(r.traces for r in mode.report().rows)
+        out.setdefault("disk 1st", []), out.setdefault("disk 2nd", [])
+        with _disk_on():
+            ed.cache_clear()
+            with ed.EagerDecompMode("core_aten"):
+                gen(model, ids)  # writes the kernels
+            ed.cache_clear()  # memory only: the next first call reads them from disk
+            with ed.EagerDecompMode("core_aten"):
+                out["disk 1st"].append(gen(model, ids)[0])
+                out["disk 2nd"].append(gen(model, ids)[0])
         if dev is not None:
             ed.cache_clear()
             dmodel = copy.deepcopy(model).to(dev)
@@ -195,6 +227,46 @@ def generation(rounds: int, dev) -> dict:
                 ed.disable(dev)
     return {"times": {k: statistics.median(v) for k, v in out.items() if v}, "after_first": max(after_first),
             "traced": total}
+
+
+DEMO_CHILD = """
+import statistics, time, torch, warnings
+warnings.simplefilter("ignore")
+torch.set_num_threads(1)
+import eagerdecomp as ed
+from eagerdecomp.demo import TransformerBlock, train_step
+torch.manual_seed(0)
+model = TransformerBlock()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = TransformerBlock.batch()
+times = []
+with ed.EagerDecompMode("core_aten") as mode:
+    for _ in range(6):
+        t0 = time.perf_counter()
+        train_step(model, opt, x, y)
+        times.append(time.perf_counter() - t0)
+rows = mode.report().rows
+print(times[0], statistics.median(times[1:]), sum(r.traces for r in rows), sum(r.loaded for r in rows))
+"""
+
+
+def demo_processes() -> list:
+    """The demo's TransformerBlock in two fresh processes sharing a new disk cache:
+    ``(first step s, steady step s, kernels traced, kernels loaded)`` for each."""
+    import subprocess
+    import sys
+    import tempfile
+
+    out = []
+    with tempfile.TemporaryDirectory() as root:
+        env = dict(os.environ, EAGERDECOMP_CACHE_DIR=root, EAGERDECOMP_DISK_CACHE="1")
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", DEMO_CHILD], env=env, capture_output=True, text=True, timeout=900)
+            if r.returncode:
+                raise RuntimeError(r.stderr[-2000:])
+            first, steady, traced, loaded = r.stdout.split()
+            out.append((float(first), float(steady), int(traced), int(loaded)))
+    return out
 
 
 def profile_first_step() -> None:
@@ -287,6 +359,15 @@ def main() -> None:
               f"ratio {t['edref dyn'] / t['edref one']:.2f}x")
     print(f"  kernels traced over the 12 lengths: {sum(r['traced'].values())} for {len(r['traced'])} ops, "
           f"at most {worst} for one op" + (f" ({', '.join(k for k, v in r['traced'].items() if v == worst)})" if worst > 2 else ""))
+    # an op called with different non-tensor arguments (transpose's dims) is several families:
+    # per op, the kernels traced over 12 lengths for each one traced at a single length
+    one = r["traced one"]
+    per = {op: n / one[op] for op, n in r["traced"].items() if one.get(op)}
+    extra = {op: n for op, n in r["traced"].items() if op not in one}
+    top = max(per.values(), default=0.0)
+    print(f"  kernels per op over 12 lengths / at one length: at most {top:.2f}x"
+          + (f" ({', '.join(op for op, v in per.items() if v == top)})" if top > 1 else "")
+          + (f"; ops traced only with 12 lengths: {extra}" if extra else ""))
     g = generation(args.rounds, dev)
     t = g["times"]
     print(f"\ngeneration, tiny Llama 2x64, greedy, {NEW_TOKENS} new tokens, KV cache:")
@@ -296,6 +377,14 @@ def main() -> None:
     if "edref 1st" in t:
         print(f"  edref+enable 1st {t['edref 1st']:.2f} s, 2nd {t['edref 2nd']:.2f} s | 1st/2nd {t['edref 1st'] / t['edref 2nd']:.2f}x")
     print(f"  kernels traced: {g['traced']} in all, {g['after_first']} after the first decoding step's shapes")
+    if "disk 1st" in t:
+        print(f"  mode, memory cache cleared, disk cache warm: 1st {t['disk 1st']:.2f} s, 2nd {t['disk 2nd']:.2f} s | "
+              f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x")
+    runs = demo_processes()
+    print("\ndemo TransformerBlock (AdamW) under the mode, two fresh processes sharing a disk cache:")
+    for i, (first, steady, traced, loaded) in enumerate(runs, 1):
+        print(f"  process {i}: first step {first:.3f} s, steady {steady:.3f} s ({first / steady:.1f}x) | "
+              f"kernels traced {traced}, loaded from disk {loaded}")
 
 
 if __name__ == "__main__":

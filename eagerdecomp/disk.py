@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -223,6 +224,7 @@ class Store:
         self._lock = threading.Lock()
         self._loaded = cachetools.LRUCache(maxsize=4096)  # kernel id -> Kernel read from disk
         self._ids = cachetools.LRUCache(maxsize=4096)  # id(Kernel) -> (Kernel, kernel id)
+        _STORES.add(self)
 
     def _path(self, text: str) -> Path:
         return self.folder / (hashlib.sha256(text.encode()).hexdigest()[:40] + ".pkl")
@@ -335,6 +337,36 @@ class Store:
 
     def save_members(self, fkey, members) -> None:
         self._write(repr(fkey.parts), "family", lambda: [_member_data(m) for m in members])
+
+
+_STORES: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+# NOTE: as for the kernel caches: every store's lock is held across fork, so a child never
+# sees a memo half-updated; the child then gets fresh locks (the held ones would stay held).
+_FORK_HELD: list = []
+
+
+def _before_fork() -> None:
+    _FORK_HELD[:] = list(_STORES)
+    for store in _FORK_HELD:
+        store._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for store in _FORK_HELD:
+        store._lock.release()
+    _FORK_HELD.clear()
+
+
+def _after_fork_in_child() -> None:
+    for store in _FORK_HELD:
+        store._lock = threading.Lock()
+    _FORK_HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def store_for(opset, extra: dict) -> Store | None:

@@ -174,3 +174,23 @@ def test_concurrent_writers_leave_a_valid_cache(tmp_path):
         assert entry["format"] == disk.FORMAT
     (traces, loaded, _), _, err = _run(tmp_path)
     assert "unreadable" not in err
+
+
+def test_fork_child_uses_the_store(on_disk):
+    import multiprocessing as mp
+
+    _work()  # writes entries; the store's lock exists in the parent
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        ed.cache_clear()
+        row = _work()
+        q.put((row.traces, row.loaded))
+
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    traces, loaded = q.get(timeout=5)
+    assert traces == 0 and loaded >= 1
