@@ -1,9 +1,10 @@
 """Shape families: one kernel for many shapes of one op call.
 
 A call's *family key* is its exact key (:mod:`eagerdecomp.key`) with each tensor's
-sizes and strides replaced by its rank and stride order: op, rank, dtype, device,
-layout class, which arguments are the same object, non-tensor arguments by value,
-ambient state. A family holds :class:`Member` kernels traced over symbolic sizes
+sizes and strides replaced by its rank and layout class (stride order, dense or not,
+offset or not), and its ``SymInt`` arguments by a marker: op, rank, dtype, device,
+layout class, which arguments are the same object, other non-tensor arguments by
+value, ambient state. A family holds :class:`Member` kernels traced over symbolic sizes
 (:func:`eagerdecomp.trace.trace_family`), each with the :class:`~eagerdecomp.symbolic.Guard`
 of the shapes it admits.
 
@@ -15,9 +16,10 @@ member that disagrees is never used again for its family; the family falls back 
 exact-shape kernels, and the reason is reported.
 
 Calls that are kept to exact-shape kernels from the start (:func:`family_key` raises
-:class:`~eagerdecomp.symbolic.NotGeneric`): tensors that are not dense (slices,
-expanded), start at a storage offset, are empty, carry conj/neg bits, or share
-memory without being the same object; out= ops (their outputs are resized).
+:class:`~eagerdecomp.symbolic.NotGeneric`): expanded tensors (a stride of 0), empty
+tensors, tensors with conj/neg bits, distinct tensors sharing memory; out= ops (their
+outputs are resized). Strided and offset tensors (slices) are admitted: their strides
+and storage offset are symbols too. ``SymInt`` arguments (sizes) >= 2 are symbols.
 """
 
 from __future__ import annotations

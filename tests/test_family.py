@@ -54,10 +54,6 @@ def _assert_same(got, ref):
     torch.testing.assert_close(got, ref, equal_nan=True)
 
 
-def _native(fn, x):
-    return fn(x)
-
-
 @pytest.fixture
 def fresh():
     """A runtime over its own empty cache, used through a mode-like callable."""
