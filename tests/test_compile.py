@@ -238,9 +238,11 @@ def test_recompile_and_mode_cache_coexist():
     warm, same, new_shape, back, again = marks[1:]
     # same shape: no recompile, every eager kernel of the mode replayed (hits, no traces)
     assert same[:2] == warm[:2] and same[3:] == warm[3:] and same[2] > warm[2]
-    # a new shape: dynamo recompiles (more graphs) and the mode traces the new shape's kernels
+    # a new shape: dynamo recompiles (more graphs) and the mode answers the new shape's kernels
     assert new_shape[0] > same[0] and new_shape[1] > same[1]
-    assert new_shape[3] > same[3] and new_shape[4] > same[4]
+    # (its new exact keys are answered by the shape families traced at the first shape: hits
+    # of the mode, no new trace; with families off they are traced)
+    assert new_shape[2] > same[2] and new_shape[4] >= same[4]
     # both shapes again: no graph compiled, no kernel traced; only hits
     for m in (back, again):
         assert m[:2] == new_shape[:2] and m[3:] == new_shape[3:]
