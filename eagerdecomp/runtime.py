@@ -219,9 +219,13 @@ class Runtime:
         try:
             kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
         except (EagerDecompError, Bypass, LiftRefused) as e:
-            # NOTE: the exact trace decides what this call is (unsupported, bypassed...);
-            # the family stays as it was, so a later valid call may still make a member
-            self.stats.exact_shapes(func, f"symbolic trace refused: {type(e).__name__}")
+            # NOTE: the exact trace decides what this call is (unsupported, bypassed...). The
+            # family keeps exact-shape kernels from now on: a symbolic attempt per new shape
+            # of an op with no path would double every miss (only speed is given up)
+            reason = f"symbolic trace refused: {type(e).__name__}"
+            if self.cache.family(fkey) is None:
+                self.cache.set_family(fkey, Family((), reason))
+            self.stats.exact_shapes(func, reason)
             return None
         if kernel is None:
             family = self.cache.family(fkey)
