@@ -178,3 +178,69 @@ def masked_scatter_backward(grad_output, mask, sizes):
     total = _numel(sizes)
     pad = aten.full.default([total - taken.shape[0]], 0, dtype=grad_output.dtype, device=grad_output.device)
     return aten.view.default(aten.cat.default([taken, pad]), list(sizes))
+
+
+# -- average pooling backwards, 3-D: separable window matrices -----------------------------------
+# NOTE: 3-D average pooling is separable: output (d, h, w) averages the box of the windows of
+# d, h and w, and its divisor (count_include_pad or not, clipped to the padded or the real
+# input) is the product of the per-dim window sizes. So the forward is
+# out = A_D (x) A_H (x) A_W applied to the input, each A an [out, in] matrix of 1/size over
+# its window, and the backward is its transpose: one einsum (bmm: core ops) of grad_output
+# with the three matrices. divisor_override replaces the product by one constant.
+
+def _window(n_out, n_in, lo, hi, size, dtype, device):
+    """[n_out, n_in]: 1/size[i] (or 1, size None) where lo[i] <= j < hi[i]; lo/hi/size are
+    functions of the output positions i (an int64 [n_out, 1] tensor)."""
+    i = aten.unsqueeze.default(aten.arange.default(n_out, device=device), 1)
+    j = aten.unsqueeze.default(aten.arange.default(n_in, device=device), 0)
+    inside = aten.logical_and.default(aten.ge.Tensor(j, lo(i)), aten.lt.Tensor(j, hi(i)))
+    weight = aten._to_copy.default(inside, dtype=dtype)
+    return weight if size is None else aten.div.Tensor(weight, aten._to_copy.default(size(i), dtype=dtype))
+
+
+def _apply_windows(grad_output, self, mats):
+    acc = _acc(self.dtype)
+    grad = torch.einsum("...dhw,dD,hH,wW->...DHW", _to(grad_output, acc), *mats)
+    grad = _to(grad, self.dtype)
+    fmt = torch.channels_last_3d if self.dim() == 5 and self.is_contiguous(memory_format=torch.channels_last_3d) \
+        and not self.is_contiguous() else torch.contiguous_format
+    return aten.clone.default(grad, memory_format=fmt)
+
+
+def _floordiv(a, b):
+    return aten.div.Tensor_mode(a, b, rounding_mode="floor")
+
+
+@project_decomposition(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, self):
+    # the window of output i over n_in: [floor(i n_in / n_out), ceil((i + 1) n_in / n_out))
+    acc = _acc(self.dtype)
+    mats = []
+    for n_out, n_in in zip(grad_output.shape[-3:], self.shape[-3:]):
+        lo = lambda i, n_in=n_in, n_out=n_out: _floordiv(aten.mul.Tensor(i, n_in), n_out)  # noqa: E731
+        hi = lambda i, n_in=n_in, n_out=n_out: _floordiv(aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 1), n_in), n_out - 1), n_out)  # noqa: E731
+        mats.append(_window(n_out, n_in, lo, hi, lambda i, lo=lo, hi=hi: aten.sub.Tensor(hi(i), lo(i)), acc, self.device))
+    return _apply_windows(grad_output, self, mats)
+
+
+@project_decomposition(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+    kernel_size = list(kernel_size) * (3 if len(kernel_size) == 1 else 1)
+    stride = (list(stride) * (3 if len(stride) == 1 else 1)) if stride else kernel_size
+    padding = list(padding) * (3 if len(padding) == 1 else 1)
+    acc = _acc(self.dtype)
+    mats = []
+    for n_out, n_in, k, s, p in zip(grad_output.shape[-3:], self.shape[-3:], kernel_size, stride, padding):
+        start = lambda i, s=s, p=p: aten.sub.Tensor(aten.mul.Tensor(i, s), p)  # noqa: E731
+        end = lambda i, start=start, k=k, n_in=n_in, p=p: aten.clamp.default(aten.add.Tensor(start(i), k), None, n_in + p)  # noqa: E731
+        lo = lambda i, start=start: aten.clamp.default(start(i), 0)  # noqa: E731
+        hi = lambda i, end=end, n_in=n_in: aten.clamp.default(end(i), None, n_in)  # noqa: E731
+        if divisor_override:
+            size = None
+        elif count_include_pad:
+            size = lambda i, start=start, end=end: aten.sub.Tensor(end(i), start(i))  # noqa: E731
+        else:
+            size = lambda i, lo=lo, hi=hi: aten.sub.Tensor(hi(i), lo(i))  # noqa: E731
+        mats.append(_window(n_out, n_in, lo, hi, size, acc, self.device))
+    grad = _apply_windows(grad_output, self, mats)
+    return aten.div.Tensor(grad, divisor_override) if divisor_override else grad

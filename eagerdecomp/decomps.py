@@ -157,18 +157,6 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
     return total if total.dtype == dtype else aten._to_copy.default(total, dtype=dtype)
 
 
-# NOTE: no decomposition in PyTorch. For a 1-D sorted sequence it is bucketize with
-# the arguments swapped, which has one; an N-D sequence or a sorter is declined.
-@project_decomposition(aten.searchsorted.Tensor)
-def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
-    if sorted_sequence.dim() != 1 or sorter is not None:
-        return NotImplemented
-    right = right or side == "right"
-    if sorted_sequence.numel() == 0:  # torch's bucketize decomposition returns float64 here
-        return aten.full.default(self.shape, 0, dtype=torch.int32 if out_int32 else torch.int64, device=self.device)
-    return aten.bucketize.Tensor(self, sorted_sequence, out_int32=out_int32, right=right)
-
-
 # NOTE: resize_ is core; resize_as_ is resize_ to the template's sizes, then its memory
 # format if one is asked for (as eager's resize_as_ does).
 @project_decomposition(aten.resize_as_.default)
@@ -184,6 +172,15 @@ _SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     if reduce not in _SCATTER_REDUCE:
         return NotImplemented
+    return aten.scatter_reduce.two(self, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
+# NOTE: ... and its scalar form scatters value (in self's dtype) the same way.
+@project_decomposition(aten.scatter.value_reduce)
+def scatter_value_reduce_legacy(self, dim, index, value, *, reduce):
+    if reduce not in _SCATTER_REDUCE:
+        return NotImplemented
+    src = aten.full.default(list(index.shape), value, dtype=self.dtype, device=self.device)
     return aten.scatter_reduce.two(self, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
 
 

@@ -48,3 +48,65 @@ def _filled_out(value):
 
 project_decomposition(aten.ones.out)(_filled_out(1))
 project_decomposition(aten.zeros.out)(_filled_out(0))
+
+
+# NOTE: repeat_interleave(repeats) gives i repeats[i] times: output[j] counts the blocks that
+# end at or before j. Each block's end (the cumsum of repeats) adds one at that position,
+# accumulated (zero repeats stack at one position) and ends past the output dropped; the
+# running sum is the answer. The length is a data value (or output_size): these calls
+# decompose eagerly. Negative repeats raise the kernel's error.
+@project_decomposition(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats, *, output_size=None):
+    if repeats.dim() != 1 or repeats.dtype not in (torch.int32, torch.int64):
+        return NotImplemented
+    n = repeats.shape[0]
+    ends = aten.cumsum.default(repeats, 0, dtype=torch.int64)
+    if n and aten._local_scalar_dense.default(aten.lt.Scalar(aten.amin.default(repeats, []), 0)):
+        raise RuntimeError("repeats can not be negative")
+    total = int(aten._local_scalar_dense.default(aten.select.int(ends, 0, -1))) if n else 0
+    if output_size is not None:
+        if output_size != total:
+            return NotImplemented  # eager's mismatch error, left to a path that raises it
+    marks = aten.full.default([total], 0, dtype=torch.int64, device=repeats.device)
+    if n > 1 and total > 0:
+        starts = aten.slice.Tensor(ends, 0, 0, n - 1)
+        inside = aten.lt.Scalar(starts, total)
+        pos = aten.where.self(inside, starts, aten.zeros_like.default(starts))
+        marks = aten.index_put.default(marks, [pos], aten._to_copy.default(inside, dtype=torch.int64), True)
+    return aten._to_copy.default(aten.cumsum.default(marks, 0), dtype=repeats.dtype)
+
+
+# NOTE: index_reduce(dim, index, source, reduce) reduces source's slice i into self's slice
+# index[i]: scatter_reduce (core) with index broadcast along source's other dims; the reduce
+# names (prod, mean, amax, amin) and include_self mean the same in both.
+@project_decomposition(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin") or index.dim() > 1:
+        return NotImplemented
+    if self.dim() == 0:  # a scalar is its own slice 0: reduce as a [1] tensor
+        if source.dim() != 0 or dim not in (0, -1):
+            return NotImplemented
+        one = index_reduce(aten.view.default(self, [1]), 0, index, aten.view.default(source, [1]), reduce, include_self=include_self)
+        return aten.view.default(one, [])
+    dim = dim % self.dim()
+    shape = [1] * source.dim()
+    shape[dim] = index.numel()
+    full = aten.expand.default(aten.view.default(index, shape), list(source.shape))
+    return aten.scatter_reduce.two(self, dim, full, source, reduce, include_self=include_self)
+
+
+# NOTE: F.embedding(max_norm=) renormalizes, in place, the weight rows its indices name: a
+# row whose p-norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), the scale formed
+# in double from the row's norm, as the kernel does, then applied in the weight's dtype. A
+# row named twice is scaled once: every copy of it writes the same scaled row.
+@project_decomposition(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    if self.dim() != 2 or not self.dtype.is_floating_point:
+        return NotImplemented
+    index = aten.reshape.default(indices, [-1])
+    rows = aten.index_select.default(self, 0, index)
+    norm = aten._to_copy.default(aten.linalg_vector_norm.default(rows, norm_type, [1], True), dtype=torch.float64)
+    scale = aten.div.Tensor(aten.full_like.default(norm, max_norm), aten.add.Tensor(norm, 1e-7))
+    scaled = aten.mul.Tensor(rows, aten._to_copy.default(scale, dtype=self.dtype))
+    rows = aten.where.self(aten.gt.Scalar(norm, max_norm), scaled, rows)
+    return aten.index_put.default(self, [index], rows)

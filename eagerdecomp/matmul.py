@@ -72,3 +72,30 @@ def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     else:
         return NotImplemented
     return _to(out, dtype)
+
+
+# NOTE: _trilinear (behind F.bilinear) multiplies three tensors, each unsqueezed at its expand
+# dims, and sums over sumdim; no decomposition in PyTorch. It is one einsum (whose composite
+# kernel is permutes, reshapes and bmm: core ops), one letter per dim of the expanded rank;
+# the kernel's unroll_dim only picks its loop order. Rounding order differs from the kernel's
+# bmm-per-slice (within the default tolerances; 16-bit floats under the accuracy rule).
+@project_decomposition(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    if not (i1.dtype == i2.dtype == i3.dtype):
+        return NotImplemented
+    rank = i1.dim() + len(expand1)
+    if rank > 26:
+        return NotImplemented
+    letters = "abcdefghijklmnopqrstuvwxyz"[:rank]
+    terms = ["".join(letters[d] for d in range(rank) if d not in expand) for expand in (expand1, expand2, expand3)]
+    summed = set(sumdim)
+    present = set("".join(terms))
+    # a dim every operand lacks (expanded in all three) has size 1: summed it goes, kept it is
+    # restored after the einsum
+    kept = [d for d in range(rank) if d not in summed]
+    result = "".join(letters[d] for d in kept if letters[d] in present)
+    out = torch.einsum(f"{terms[0]},{terms[1]},{terms[2]}->{result}", i1, i2, i3)
+    for pos, d in enumerate(kept):
+        if letters[d] not in present:
+            out = aten.unsqueeze.default(out, pos)
+    return aten.clone.default(out, memory_format=torch.contiguous_format)

@@ -180,3 +180,87 @@ def logcumsumexp(self, dim):
         acc = _log_add_exp(acc, prev)
         k *= 2
     return aten._to_copy.default(acc, dtype=self.dtype, memory_format=torch.contiguous_format)
+
+
+def _binary_search(seq, values, right):
+    """The kernel's binary search, run on every value at once: start/end halve the range
+    ``ceil(log2(m + 1))`` times, each value's range only while it is not empty. It goes right
+    when ``not (mid >= v)`` (``not (mid > v)`` for ``right``), as the kernel does, so a NaN in
+    the sequence or among the values lands where the kernel's search lands (a count of the
+    smaller elements would not: the predicate is not monotone around NaN). seq is (B, m),
+    values (B, k); returns int64 positions (B, k)."""
+    m = seq.shape[-1]
+    start = aten.zeros_like.default(values, dtype=torch.int64)
+    end = aten.full_like.default(values, m, dtype=torch.int64)
+    for _ in range(m.bit_length()):
+        active = aten.lt.Tensor(start, end)
+        mid = aten.add.Tensor(start, aten.div.Tensor_mode(aten.sub.Tensor(end, start), 2, rounding_mode="floor"))
+        at_mid = aten.gather.default(seq, 1, aten.clamp.default(mid, 0, max(m - 1, 0)))
+        stop = aten.gt.Tensor(at_mid, values) if right else aten.ge.Tensor(at_mid, values)
+        go_right = aten.logical_and.default(active, aten.logical_not.default(stop))
+        go_left = aten.logical_and.default(active, stop)
+        start = aten.where.self(go_right, aten.add.Tensor(mid, 1), start)
+        end = aten.where.self(go_left, mid, end)
+    return start
+
+
+# NOTE: searchsorted has no decomposition that covers its arguments (sorter, batched
+# boundaries, the Scalar form). It is the kernel's binary search vectorized (_binary_search):
+# exact, NaNs included. sorter reorders the boundaries first (a gather).
+@project_decomposition(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if side is not None:
+        if side not in ("left", "right"):
+            return NotImplemented
+        if right and side == "left":
+            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True")
+        right = side == "right"
+    seq = sorted_sequence
+    if seq.dim() == 0 or (seq.dim() > 1 and (self.dim() != seq.dim() or list(self.shape[:-1]) != list(seq.shape[:-1]))):
+        return NotImplemented  # eager's shape errors: left to a path that raises them
+    if sorter is not None:
+        seq = aten.gather.default(seq, -1, sorter)
+    dtype = torch.int32 if out_int32 else torch.int64
+    m = seq.shape[-1]
+    if m == 0 or self.numel() == 0:
+        return aten.zeros_like.default(self, dtype=dtype, memory_format=torch.contiguous_format)
+    common = torch.result_type(seq, self)
+    seq = aten._to_copy.default(seq, dtype=common)
+    values = aten._to_copy.default(self, dtype=common)
+    if seq.dim() == 1:
+        flat_seq, flat_values = aten.view.default(seq, [1, m]), aten.reshape.default(values, [1, -1])
+    else:
+        flat_seq = aten.reshape.default(seq, [-1, m])
+        flat_values = aten.reshape.default(values, [flat_seq.shape[0], -1])
+    pos = _binary_search(aten.clone.default(flat_seq, memory_format=torch.contiguous_format), flat_values, right)
+    return aten._to_copy.default(aten.view.default(pos, list(self.shape)), dtype=dtype, memory_format=torch.contiguous_format)
+
+
+@project_decomposition(aten.searchsorted.Scalar)
+def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorted_sequence.dim() != 1:
+        return NotImplemented
+    value = aten.scalar_tensor.default(self, dtype=torch.result_type(sorted_sequence, self), device=sorted_sequence.device)
+    return searchsorted(sorted_sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
+
+
+# NOTE: bincount has no decomposition; its length, max(input) + 1 or minlength, is a data
+# value (these calls decompose eagerly, on the bypass path). Counts (or weights) are added at
+# each value with index_put(accumulate=True). Weights: float32 stays float32, anything else
+# sums in float64, as the kernel's result dtype. Negative input raises the kernel's error.
+@project_decomposition(aten.bincount.default)
+def bincount(self, weights=None, minlength=0):
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype == torch.bool or minlength < 0:
+        return NotImplemented
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        return NotImplemented
+    if self.numel() and _item(aten.lt.Scalar(aten.amin.default(self, []), 0)):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    size = max(int(_item(aten.amax.default(self, []))) + 1 if self.numel() else 0, minlength)
+    index = aten._to_copy.default(self, dtype=torch.int64)
+    if weights is None:
+        out = aten.full.default([size], 0, dtype=torch.int64, device=self.device)
+        return aten.index_put.default(out, [index], aten.ones_like.default(index), True)
+    dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+    out = aten.full.default([size], 0, dtype=dtype, device=self.device)
+    return aten.index_put.default(out, [index], aten._to_copy.default(weights, dtype=dtype), True)

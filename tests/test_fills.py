@@ -279,3 +279,49 @@ def test_gcd_lcm_exact(op, dtype):
         got = op(a, b)
     rec.assert_only("core_aten")
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+POOL3D = [  # kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    (2, 2, 0, False, True, None),
+    (3, 2, 1, False, True, None),
+    (3, 2, 1, True, False, None),
+    ((3, 2, 2), (1, 2, 3), (1, 0, 1), True, True, None),
+    (2, 1, 1, False, False, 3),
+    (3, None, 1, True, True, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("case", POOL3D)
+def test_avg_pool3d_backward(dtype, channels_last, case):
+    x = torch.randn(2, 3, 7, 6, 5, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last_3d)
+    want, got = _both(lambda x: F.avg_pool3d(x, *case), x.requires_grad_())
+    _close(want, got, *TOL[dtype])
+    assert want[1].stride() == got[1].stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [(3, 2, 4), (7, 6, 5), (1, 1, 1), (5, 4, 3)])
+def test_adaptive_avg_pool3d_backward(dtype, size):
+    x = torch.randn(2, 3, 7, 6, 5, dtype=dtype, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    _close(*_both(lambda x: F.adaptive_avg_pool3d(x, size), x), *TOL[dtype])
+    _close(*_both(lambda x: F.adaptive_avg_pool3d(x, size), x[0].detach().requires_grad_()), *TOL[dtype])
+    want, got = _both(lambda x: F.adaptive_avg_pool3d(x, size), x.detach().to(memory_format=torch.channels_last_3d).requires_grad_())
+    _close(want, got, *TOL[dtype])
+    assert want[1].stride() == got[1].stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
+def test_embedding_renorm(dtype, norm_type):
+    w0 = torch.randn(10, 4, dtype=dtype, generator=torch.Generator().manual_seed(0)) * 3
+    idx = torch.tensor([[1, 3, 3], [0, 9, 1]])  # a repeated row is scaled once
+    w1, w2 = w0.clone(), w0.clone()
+    o1 = F.embedding(idx, w1, max_norm=2.0, norm_type=norm_type)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        o2 = F.embedding(idx, w2, max_norm=2.0, norm_type=norm_type)
+    rec.assert_only("core_aten")
+    _close([w1, o1], [w2, o2], *TOL[dtype])
