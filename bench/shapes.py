@@ -44,7 +44,8 @@ def _bert():
     from transformers import BertConfig, BertForSequenceClassification
 
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=128, max_position_embeddings=128, num_labels=3)
+                     intermediate_size=128, max_position_embeddings=128, num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # dropout off: compared with native
     torch.manual_seed(0)
     return BertForSequenceClassification(cfg)
 
@@ -88,6 +89,7 @@ def _run_steps(model, batches, ctx, native_model=None, native_batches=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     nopt = torch.optim.AdamW(native_model.parameters(), lr=1e-3) if native_model is not None else None
     total = native = 0.0
+    steps = []
     for i, b in enumerate(batches):
         if native_model is not None:
             t0 = time.perf_counter()
@@ -96,7 +98,9 @@ def _run_steps(model, batches, ctx, native_model=None, native_batches=None):
         with ctx():
             t0 = time.perf_counter()
             _step(model, opt, b)
-            total += time.perf_counter() - t0
+            steps.append(time.perf_counter() - t0)
+            total += steps[-1]
+    _run_steps.last = steps
     return total, native
 
 
@@ -117,8 +121,12 @@ def padding(rounds: int, dev) -> dict:
         for lengths, tag in ((LENGTHS, "dyn"), ([LENGTHS[0]] * len(LENGTHS), "one")):
             ed.cache_clear()
             ctx = _Mode()
-            mode_t, nat_t = _run_steps(copy.deepcopy(base), _batches(lengths), ctx, copy.deepcopy(base), _batches(lengths))
+            ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
+            mode_t, nat_t = _run_steps(ours, _batches(lengths), ctx, theirs, _batches(lengths))
             res[f"mode {tag}"].append(mode_t)
+            res.setdefault(f"mode {tag} later", []).append(sum(_run_steps.last[1:]))
+            diff = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters()))
+            res.setdefault("param diff", []).append(diff)
             if tag == "dyn":
                 res["native"].append(nat_t)
                 traced = _traced(ctx.mode.report())
@@ -135,7 +143,8 @@ def padding(rounds: int, dev) -> dict:
                 res[f"edref {tag}"].append(t)
                 if tag == "dyn":
                     res["edref traced"] = _traced(b.report())
-    return {"times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"},
+    diffs = res.pop("param diff")
+    return {"times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"}, "diff": max(diffs),
             "traced": traced, "traced one": traced_one, "edref traced": res.get("edref traced", {})}
 
 
@@ -357,6 +366,9 @@ def main() -> None:
     if "edref dyn" in t:
         print(f"  edref+enable, 12 lengths {t['edref dyn']:.2f} s | one length {t['edref one']:.2f} s | "
               f"ratio {t['edref dyn'] / t['edref one']:.2f}x")
+    print(f"  steps 2-12 only (the first step traces the same kernels in both): 12 lengths {t['mode dyn later']:.2f} s, "
+          f"one length {t['mode one later']:.2f} s: {t['mode dyn later'] / t['mode one later']:.2f}x")
+    print(f"  parameters after the 12 AdamW steps, mode vs native (dropout off): max |diff| {r['diff']:.1e}")
     print(f"  kernels traced over the 12 lengths: {sum(r['traced'].values())} for {len(r['traced'])} ops, "
           f"at most {worst} for one op" + (f" ({', '.join(k for k, v in r['traced'].items() if v == worst)})" if worst > 2 else ""))
     # an op called with different non-tensor arguments (transpose's dims) is several families:
