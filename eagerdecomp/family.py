@@ -16,7 +16,8 @@ member that disagrees is never used again for its family; the family falls back 
 exact-shape kernels, and the reason is reported.
 
 Calls that are kept to exact-shape kernels from the start (:func:`family_key` raises
-:class:`~eagerdecomp.symbolic.NotGeneric`): expanded tensors (a stride of 0), empty
+:class:`~eagerdecomp.symbolic.NotGeneric`): expanded tensors (a stride of 0) given to
+a mutating op, empty
 tensors, tensors with conj/neg bits, distinct tensors sharing memory; out= ops (their
 outputs are resized). Strided and offset tensors (slices) are admitted: their strides
 and storage offset are symbols too. ``SymInt`` arguments (sizes) >= 2 are symbols.
@@ -87,7 +88,7 @@ def out_meta(env, o):
     return (tuple(map(_expr, o.shape)), tuple(map(_expr, o.stride())), _expr(o.storage_offset()))
 
 
-def _layout_class(shape, stride, offset) -> tuple:
+def _layout_class(shape, stride, offset, expanded_ok: bool = False) -> tuple:
     """A tensor's stride order (outermost first), whether it is dense in that order, and
     whether it starts at a storage offset: tensors differing in these never share a kernel."""
     perm = sorted(range(len(shape)), key=lambda d: -stride[d])
@@ -96,8 +97,11 @@ def _layout_class(shape, stride, offset) -> tuple:
         if shape[d] != 1 and stride[d] != expected:
             dense = False
         expected *= shape[d]
-    if not dense and any(s == 0 for n, s in zip(shape, stride) if n > 1):
-        raise NotGeneric("a tensor argument is expanded (a stride of 0)")
+    # NOTE: an expanded tensor (stride 0) is read by functional ops like any strided one
+    # (its 0 strides are specialized, so the guard requires them); a mutating op writing
+    # overlapping memory keeps exact kernels
+    if not dense and not expanded_ok and any(s == 0 for n, s in zip(shape, stride) if n > 1):
+        raise NotGeneric("a tensor argument is expanded (a stride of 0) for a mutating op")
     return tuple(perm), dense, offset != 0
 
 
@@ -197,6 +201,7 @@ def family_key(func, key: Key, tensors: list, paths: tuple = (), args=(), kwargs
         for path in paths:
             key_parts[where[path]] = ("symint",)
     parts = [("family",)]
+    functional = not func._schema.is_mutable
     for p in key_parts:
         if type(p) is tuple and p and type(p[0]) is torch.Size:
             shape, stride, off, dtype, device, conj, neg = p
@@ -204,7 +209,7 @@ def family_key(func, key: Key, tensors: list, paths: tuple = (), args=(), kwargs
                 raise NotGeneric("a tensor argument has its conj or neg bit set")
             if 0 in shape:
                 raise NotGeneric("an empty tensor argument")
-            parts.append((len(shape), _layout_class(shape, stride, off), dtype, device))
+            parts.append((len(shape), _layout_class(shape, stride, off, functional), dtype, device))
         else:
             parts.append(p)
     if len(tensors) > 1:

@@ -112,16 +112,28 @@ def test_guard_failure_traces_another_member(fresh):
     assert row.traces == 2 and row.family == 2  # 3 replays the 4's member, 5 the 6's; the last 4 is an exact hit
 
 
-def test_expanded_input_keeps_exact_kernels_with_a_reason(fresh):
+def test_expanded_input_of_a_mutating_op_keeps_exact_kernels_with_a_reason(fresh):
     with ed.EagerDecompMode("core_aten") as mode:
-        xs = [torch.randn(1, 8).expand(n, 8) for n in (4, 5)]
-        ys = [F.mish(x) for x in xs]
-    for x, y in zip(xs, ys):
-        torch.testing.assert_close(y, F.mish(x.contiguous()))
-    row = mode.report().row(aten.mish.default)
+        outs = []
+        for n in (4, 5):
+            y = torch.randn(n, 8)
+            outs.append((y.clone(), aten.addcmul_.default(y, torch.randn(1, 8).expand(n, 8), y, value=0.5), y))
+    for before, out, y in outs:
+        assert out is y
+    row = mode.report().row(aten.addcmul_.default)
     assert row.traces == 2 and row.family == 0
     assert any("expanded" in why for why in row.exact_shapes)
     assert "exact shapes: " in str(mode.report())
+
+
+def test_expanded_input_of_a_functional_op_shares_a_kernel(fresh):
+    with ed.EagerDecompMode("core_aten") as mode:
+        xs = [torch.randn(1, 8).expand(n, 8) for n in (4, 5, 9)]
+        ys = [F.mish(x) for x in xs]
+    for x, y in zip(xs, ys):
+        _assert_same(y, F.mish(x))
+    row = mode.report().row(aten.mish.default)
+    assert row.traces == 1 and row.family == 2
 
 
 @pytest.mark.parametrize("view", ["step slice", "last column", "offset rows", "transposed slice"])
