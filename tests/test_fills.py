@@ -325,3 +325,36 @@ def test_embedding_renorm(dtype, norm_type):
         o2 = F.embedding(idx, w2, max_norm=2.0, norm_type=norm_type)
     rec.assert_only("core_aten")
     _close([w1, o1], [w2, o2], *TOL[dtype])
+
+
+def _exact(want, got):
+    for w, g in zip(want, got):
+        assert (w.dtype, w.shape, w.stride()) == (g.dtype, g.shape, g.stride())
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("size", [(3, 4), (5, 2), (7, 9), (1, 1), (6, 8), (4, 3)])
+def test_adaptive_max_pool2d(dtype, size):
+    # ties (small integers), two NaNs in one window (the last wins), an all -inf plane
+    x = torch.randint(-3, 3, (2, 3, 7, 9), generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = float("nan")
+    x[1, 1] = -float("inf")
+    for t in (x, x[0], x.to(memory_format=torch.channels_last)):
+        want = F.adaptive_max_pool2d(t, size, return_indices=True)
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = F.adaptive_max_pool2d(t, size, return_indices=True)
+        rec.assert_only("core_aten")
+        _exact(want, got)
+
+
+@pytest.mark.parametrize("size", [(2, 3, 4), (5, 7, 6), (3, 2, 5), (1, 1, 1)])
+def test_adaptive_max_pool3d(size):
+    y = torch.randint(-3, 3, (2, 2, 5, 7, 6), generator=torch.Generator().manual_seed(0)).float()
+    y[0, 0, 0, 0, :3] = float("nan")
+    for t in (y, y[0], y.to(memory_format=torch.channels_last_3d)):
+        want = F.adaptive_max_pool3d(t, size, return_indices=True)
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = F.adaptive_max_pool3d(t, size, return_indices=True)
+        rec.assert_only("core_aten")
+        _exact(want, got)

@@ -62,7 +62,6 @@ GRAD_ONLY = ("float64",)
 
 # Ops that have no path to core ATen, and why: the reason of every unsupported entry naming them.
 BLOCKERS: dict = {
-    'aten.adaptive_max_pool3d.default': DECLINED,
     'aten.unique_dim.default': MISSING,
     'aten._cdist_backward.default': BACKWARD,
     'aten._conj.default': COMPLEX_VIEW,
@@ -81,7 +80,6 @@ BLOCKERS: dict = {
     'aten._to_sparse.default': LAYOUT,
     'aten._to_sparse.sparse_dim': LAYOUT,
     'aten._upsample_bilinear2d_aa.default': MISSING,
-    'aten.adaptive_max_pool2d.default': DECLINED,
     'aten.as_strided_scatter.default': MISSING,
     'aten.cholesky.default': LAPACK,
     'aten.cholesky_inverse.default': LAPACK,
@@ -249,9 +247,6 @@ XFAIL: dict = {
     'median': (U('aten.median.dim'),),
     'mode': (U('aten.mode.default'),),
     'nanmedian': (U('aten.nanmedian.dim'),),
-    'nn.functional.adaptive_max_pool1d': (U('aten.adaptive_max_pool2d.default'),),
-    'nn.functional.adaptive_max_pool2d': (U('aten.adaptive_max_pool2d.default'),),
-    'nn.functional.adaptive_max_pool3d': (U('aten.adaptive_max_pool3d.default'),),
     'nn.functional.embedding_bag': (U('aten._embedding_bag_forward_only.default'),),
     'nn.functional.fractional_max_pool2d': (U('aten.fractional_max_pool2d.default'),),
     'nn.functional.fractional_max_pool3d': (U('aten.fractional_max_pool3d.default'),),
