@@ -358,3 +358,22 @@ def test_adaptive_max_pool3d(size):
             got = F.adaptive_max_pool3d(t, size, return_indices=True)
         rec.assert_only("core_aten")
         _exact(want, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_losses(dtype, reduction):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, dtype=dtype, generator=g, requires_grad=True)
+    y, w = torch.randint(0, 4, (5,), generator=g), torch.rand(4, dtype=dtype, generator=g)
+    for p in (1, 2):
+        _close(*_both(lambda t: F.multi_margin_loss(t, y, p=p, margin=0.7, reduction=reduction), x), *TOL[dtype])
+        _close(*_both(lambda t: F.multi_margin_loss(t, y, p=p, weight=w, reduction=reduction), x), *TOL[dtype])
+    # slots after the first -1 are ignored (PyTorch's forward decomposition summed them); a
+    # class named twice counts twice
+    yt = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [1, -1, 2, 2], [-1, 0, 0, 0], [2, 2, -1, 0]])
+    _close(*_both(lambda t: F.multilabel_margin_loss(t, yt, reduction=reduction), x), *TOL[dtype])
+    if reduction != "none":  # 1-D with 'none': the meta kernel says [1], the CPU kernel [] (not ours)
+        x1 = x[0].detach().requires_grad_()
+        _close(*_both(lambda t: F.multi_margin_loss(t, y[0], reduction=reduction), x1), *TOL[dtype])
+        _close(*_both(lambda t: F.multilabel_margin_loss(t, yt[0], reduction=reduction), x1), *TOL[dtype])
