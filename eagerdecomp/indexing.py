@@ -110,3 +110,49 @@ def embedding_renorm(self, indices, max_norm, norm_type):
     scaled = aten.mul.Tensor(rows, aten._to_copy.default(scale, dtype=self.dtype))
     rows = aten.where.self(aten.gt.Scalar(norm, max_norm), scaled, rows)
     return aten.index_put.default(self, [index], rows)
+
+
+def _dense_order(t):
+    """True when ``t`` is dense and non-overlapping (its elements fill numel() storage slots)."""
+    dims = sorted((d for d in range(t.dim()) if t.shape[d] != 1), key=lambda d: t.stride(d))
+    expected = 1
+    for d in dims:
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+# NOTE: as_strided_scatter(self, src, size, stride, offset) is eager's clone of self (its
+# strides kept) with src copied into clone.as_strided(size, stride, offset): positions in
+# the clone's storage. Here: the storage positions offset + sum_d i_d stride_d are computed
+# (arange per dim), src is written there with index_put on the clone's storage (its flat
+# view), and the result is that storage seen with self's strides. Exact. Declined: a self
+# that is not dense (its clone's storage is not its elements in stride order), a view that
+# overlaps itself (eager's copy_ refuses it) or leaves the storage, a src of another shape.
+@project_decomposition(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    offset = storage_offset or 0
+    size, stride = list(size), list(stride)
+    if list(src.shape) != size or len(stride) != len(size) or not _dense_order(self) or self.numel() == 0:
+        return NotImplemented
+    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: stride[d])
+    extent = 1
+    for d in dims:  # no two index tuples reach one position
+        if stride[d] < extent:
+            return NotImplemented
+        extent = stride[d] * (size[d] - 1) + 1
+    if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= self.numel():
+        return NotImplemented
+    n = self.numel()
+    storage = aten.as_strided.default(aten.clone.default(self), [n], [1], 0)
+    if 0 in size:
+        return aten.as_strided.default(aten.clone.default(storage), list(self.shape), list(self.stride()), 0)
+    pos = aten.full.default([1] * len(size), offset, dtype=torch.int64, device=self.device)
+    for d, (k, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = k
+        pos = aten.add.Tensor(pos, aten.view.default(aten.mul.Tensor(aten.arange.default(k, device=self.device), s), shape))
+    values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
+    flat = aten.index_put.default(storage, [aten.reshape.default(aten.expand.default(pos, size), [-1])], values)
+    return aten.as_strided.default(flat, list(self.shape), list(self.stride()), 0)

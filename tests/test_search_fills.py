@@ -100,3 +100,28 @@ def test_trilinear(dtype):
     tri = torch._C._VariableFunctions._trilinear
     for sumdim in ([2, 3], [], [3]):
         _check(lambda a, c, d: tri(a, c, d, [1, 3], [0], [1, 2], sumdim), x1, w, x2)
+
+
+AS_STRIDED = [  # self, src shape, size, stride, offset
+    ((3, 3), (2, 2), (1, 2), 0),
+    ((3, 3), (2, 2), (1, 2), 1),
+    ((3, 3), (2, 2), (2, 1), 0),
+    ((16,), (2, 2, 2, 2), (8, 4, 2, 1), 0),
+    ((16,), (2, 1, 1, 2), (1, 2, 4, 8), 0),
+    ((2, 4), (2, 3), (3, 1), 2),
+    ((2, 4), (0, 3), (3, 1), 2),
+]
+
+
+@pytest.mark.parametrize("case", AS_STRIDED)
+def test_as_strided_scatter(case):
+    shape, size, stride, offset = case
+    g = torch.Generator().manual_seed(0)
+    x, src = torch.randn(*shape, generator=g), torch.randn(*size, generator=g)
+    _check(lambda x, s: torch.as_strided_scatter(x, s, size, stride, offset), x, src)
+    _check(lambda x, s: torch.as_strided_scatter(x, s, size, stride, offset), x, src.double())  # cast on copy
+
+
+def test_as_strided_scatter_keeps_strides():
+    # a transposed self: its clone keeps the strides, and the view indexes that storage
+    _check(lambda x, s: torch.as_strided_scatter(x, s, (2,), (1,), 0), torch.randn(3, 4).t(), torch.ones(2))
