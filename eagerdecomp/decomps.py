@@ -244,10 +244,8 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     return firsts, inverse, counts
 
 
-@project_decomposition(aten.unique_consecutive.default)
-def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-    if dim is not None:
-        return NotImplemented
+def unique_consecutive_flat(self, return_inverse=False, return_counts=False):
+    """unique_consecutive with dim=None (order.py registers the op and handles dim=)."""
     flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
     firsts, inverse, counts = _runs(flat, return_inverse, return_counts)
     if return_inverse:

@@ -264,3 +264,81 @@ def bincount(self, weights=None, minlength=0):
     dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
     out = aten.full.default([size], 0, dtype=dtype, device=self.device)
     return aten.index_put.default(out, [index], aten._to_copy.default(weights, dtype=dtype), True)
+
+
+def _rows(self, dim):
+    """self with ``dim`` first (a contiguous copy), and that as [n, rest] rows."""
+    moved = aten.clone.default(aten.movedim.int(self, dim, 0), memory_format=torch.contiguous_format)
+    rest = 1
+    for d, k in enumerate(self.shape):
+        rest *= k if d != dim else 1
+    return moved, aten.reshape.default(moved, [self.shape[dim], rest])
+
+
+def _row_runs(rows, moved, dim, order=None):
+    """Runs of equal neighbouring rows: the first row of each (taken from ``moved``, at input
+    positions ``order`` if given, and moved back to ``dim``: eager's result is that view of a
+    dim-first tensor), the run of every row (inverse) and the run lengths.
+    A row differs from the previous when any element is unequal (NaN never equals: its own run)."""
+    n = rows.shape[0]
+    device = moved.device
+    if n == 0:
+        empty = aten.full.default([0], 0, dtype=torch.int64, device=device)
+        return aten.clone.default(aten.movedim.int(moved, 0, dim), memory_format=torch.contiguous_format), empty, empty
+    differs = aten.any.dim(aten.ne.Tensor(aten.slice.Tensor(rows, 0, 1), aten.slice.Tensor(rows, 0, 0, n - 1)), 1)
+    starts = aten.cat.default([aten.full.default([1], True, dtype=torch.bool, device=device), differs])
+    group = aten.sub.Tensor(aten.cumsum.default(starts, 0, dtype=torch.int64), 1)
+    first_at = aten.view.default(aten.nonzero.default(starts), [-1])
+    if order is not None:
+        first_at = aten.index_select.default(order, 0, first_at)
+    firsts = aten.movedim.int(aten.index_select.default(moved, 0, first_at), 0, dim)
+    counts = aten.index_put.default(aten.full.default([first_at.shape[0]], 0, dtype=torch.int64, device=device),
+                                    [group], aten.full_like.default(group, 1), True)
+    if order is not None:
+        group = aten.index_put.default(aten.full_like.default(group, 0), [order], group)
+    return firsts, group, counts
+
+
+# NOTE: unique_consecutive(dim=d) compares whole slices along d with their predecessor (any
+# unequal element starts a run) and keeps the first of each run; it returns the inverse and
+# the counts whether asked or not, as eager does. The number of runs is a data value (bypass
+# path). Values are selected, never computed: exact. (dim=None: decomps.py.)
+@project_decomposition(aten.unique_consecutive.default)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is None:
+        from .decomps import unique_consecutive_flat
+
+        return unique_consecutive_flat(self, return_inverse, return_counts)
+    if self.dim() == 0:
+        return NotImplemented
+    dim = dim % self.dim()
+    moved, rows = _rows(self, dim)
+    return _row_runs(rows, moved, dim)
+
+
+# NOTE: unique(dim=d) sorts the slices along d lexicographically (the kernel's std::sort with
+# an element-wise less-than), then keeps one of each run of equal slices. The order is built
+# from stable sorts by one column at a time, last column first (LSD radix sort: after the pass
+# on column c, rows are ordered by columns c.. with ties kept in the previous order), so
+# equal slices keep their input order and the slice kept is the first. The kernel's sort is
+# not stable: where equal-comparing slices differ in their bits (-0.0 and 0.0) its choice is
+# unspecified, and NaNs break its ordering; inputs holding either are declined (a data value).
+@project_decomposition(aten.unique_dim.default)
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    if self.dim() == 0 or self.dtype.is_complex:
+        return NotImplemented
+    dim = dim % self.dim()
+    moved, rows = _rows(self, dim)
+    if self.dtype.is_floating_point and rows.numel():
+        zero = aten.eq.Scalar(rows, 0)
+        negative_zero = aten.logical_and.default(zero, aten.lt.Scalar(aten.reciprocal.default(rows), 0))
+        if _item(aten.any.default(aten.logical_or.default(aten.isnan.default(rows), negative_zero))):
+            return NotImplemented
+    n, m = rows.shape
+    order = aten.arange.default(n, device=self.device)
+    for c in reversed(range(m)):
+        column = aten.index_select.default(aten.select.int(rows, 1, c), 0, order)
+        _, perm = sort_stable(column, stable=True, dim=0)
+        order = aten.index_select.default(order, 0, perm)
+    ordered = aten.index_select.default(rows, 0, order)
+    return _row_runs(ordered, moved, dim, order)

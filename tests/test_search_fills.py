@@ -125,3 +125,31 @@ def test_as_strided_scatter(case):
 def test_as_strided_scatter_keeps_strides():
     # a transposed self: its clone keeps the strides, and the view indexes that storage
     _check(lambda x, s: torch.as_strided_scatter(x, s, (2,), (1,), 0), torch.randn(3, 4).t(), torch.ones(2))
+
+
+def _check_all(fn, *args):
+    want = fn(*args)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(*args)
+    rec.assert_only("core_aten")
+    for w, g in zip(want, got):
+        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_unique_along_dim(dtype, dim):
+    x = torch.randint(0, 2, (4, 9, 3), generator=torch.Generator().manual_seed(0)).to(dtype)
+    for inverse, counts in ((False, False), (True, True), (True, False)):
+        _check_all(lambda t: torch.unique_consecutive(t, return_inverse=inverse, return_counts=counts, dim=dim), x)
+        _check_all(lambda t: torch.unique(t, return_inverse=inverse, return_counts=counts, dim=dim), x)
+    _check_all(lambda t: torch.unique_consecutive(t, dim=1), x[:, :0])  # no slices
+    _check_all(lambda t: torch.unique(t, dim=1, return_counts=True), x[:, :0])
+
+
+def test_unique_along_dim_nan():
+    xs = torch.tensor([[1.0, float("nan"), 1.0], [1.0, float("nan"), 1.0]])
+    _check_all(lambda t: torch.unique_consecutive(t, dim=1, return_counts=True), xs)  # NaN: its own run
+    with pytest.raises(ed.UnsupportedOpError), ed.EagerDecompMode("core_aten"):  # the kernel's sort order is undefined
+        torch.unique(xs, dim=1)

@@ -62,7 +62,6 @@ GRAD_ONLY = ("float64",)
 
 # Ops that have no path to core ATen, and why: the reason of every unsupported entry naming them.
 BLOCKERS: dict = {
-    'aten.unique_dim.default': MISSING,
     'aten._cdist_backward.default': BACKWARD,
     'aten._conj.default': COMPLEX_VIEW,
     'aten._conj_physical.default': COMPLEX_VIEW,
@@ -287,8 +286,6 @@ XFAIL: dict = {
     'view_as_complex': (U('aten.view_as_complex.default'),),
     'linalg.norm': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'linalg.norm.subgradients_at_zero': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
-    'unique': (U('aten.unique_dim.default'),),
-    'unique_consecutive': (U('aten.unique_consecutive.default', reason='unique_consecutive(dim=...) is declined by the fill here (only the flattened form is written)'),),
     'linspace': (U('aten.linspace.default', dtypes=('int64', 'bfloat16'), reason=SPACING),
                  U('aten.linspace.out', dtypes=('int64', 'bfloat16'), reason=SPACING)),
     'linspace.tensor_overload': tuple(
