@@ -156,3 +156,16 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
     flat = aten.index_put.default(storage, [aten.reshape.default(aten.expand.default(pos, size), [-1])], values)
     return aten.as_strided.default(flat, list(self.shape), list(self.stride()), 0)
+
+
+# NOTE: nonzero_static(size, fill_value) is nonzero's [n, ndim] indices cut to `size` rows or
+# padded with fill_value rows: the core nonzero (a data-dependent shape: these calls decompose
+# eagerly), then a slice or a cat. Exact.
+@project_decomposition(aten.nonzero_static.default)
+def nonzero_static(self, *, size, fill_value=-1):
+    found = aten.nonzero.default(self)
+    n, ndim = found.shape
+    if n >= size:
+        return aten.clone.default(aten.slice.Tensor(found, 0, 0, size), memory_format=torch.contiguous_format)
+    pad = aten.full.default([size - n, ndim], fill_value, dtype=torch.int64, device=self.device)
+    return aten.cat.default([found, pad])

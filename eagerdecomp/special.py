@@ -268,3 +268,18 @@ def erfcx(self):
     if not _supported(self) or self.dtype in (torch.float16, torch.bfloat16):
         return NotImplemented  # no native kernel at 16-bit floats: eager raises
     return _out(_erfc64(_f64(self), scaled=True), self)
+
+
+# -- spherical_bessel_j0: sin(x) / x ---------------------------------------------------------------
+# NOTE: j0(x) = sin(x)/x, 1 at 0 and 0 at +-inf (NaN stays NaN), evaluated in float64 and rounded
+# once. Near 0 the kernel uses the Taylor series (|x| < 1/2); sin(x)/x in float64 is as accurate
+# there (sin is correctly rounded to an ulp and no cancellation occurs).
+@project_decomposition(aten.special_spherical_bessel_j0.default)
+def special_spherical_bessel_j0(self):
+    if not _supported(self) or self.dtype in (torch.float16, torch.bfloat16):  # no 16-bit kernel in eager
+        return NotImplemented
+    x = _f64(self)
+    y = aten.div.Tensor(aten.sin.default(x), x)
+    y = _where(aten.eq.Scalar(x, 0.0), _c(1.0, x), y)
+    y = _where(aten.isinf.default(x), _c(0.0, x), y)
+    return _out(y, self)

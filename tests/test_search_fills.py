@@ -153,3 +153,9 @@ def test_unique_along_dim_nan():
     _check_all(lambda t: torch.unique_consecutive(t, dim=1, return_counts=True), xs)  # NaN: its own run
     with pytest.raises(ed.UnsupportedOpError), ed.EagerDecompMode("core_aten"):  # the kernel's sort order is undefined
         torch.unique(xs, dim=1)
+
+
+@pytest.mark.parametrize("size,fill", [(4, -1), (1, 7), (2, 0), (0, -1)])
+def test_nonzero_static(size, fill):
+    _check(lambda t: torch.nonzero_static(t, size=size, fill_value=fill), torch.tensor([[1, 0], [0, 1]]))
+    _check(lambda t: torch.nonzero_static(t, size=size), torch.tensor([1.0, 0.0, 3.0]))

@@ -69,3 +69,17 @@ def test_integer_inputs_promote_as_eager(name):
     want = fn(x)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_spherical_bessel_j0(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(200, dtype=torch.float64, generator=g) * 10,
+                   torch.tensor([0.0, 1e-9, 0.3, 0.5, 0.6, 3.0, -3.0, math.inf, -math.inf, math.nan, 1e30])])
+    x = x.to(dtype) if dtype.is_floating_point else (x[x.isfinite()] * 3).to(dtype)
+    want = torch.special.spherical_bessel_j0(x)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = torch.special.spherical_bessel_j0(x)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    torch.testing.assert_close(got, want, equal_nan=True)
