@@ -8,6 +8,7 @@ conformance suite's float64 gradients. Sums run in the opmath dtype (float32 for
 from __future__ import annotations
 
 import functools
+import math
 import itertools
 
 import torch
@@ -244,3 +245,67 @@ def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
         mats.append(_window(n_out, n_in, lo, hi, size, acc, self.device))
     grad = _apply_windows(grad_output, self, mats)
     return aten.div.Tensor(grad, divisor_override) if divisor_override else grad
+
+
+# -- distances: the gradient of ||a - b||_p with respect to a, per pair ----------------------------
+# NOTE: cdist/pdist backwards have no decomposition. Each pair's term is the kernel's, by p:
+# 0: none; 1: sign(diff); < 2: sign(diff) |diff|^(p-1) / dist^(p-1), 0 where dist == 0 or
+# (p < 1 and diff == 0); 2: diff / dist, 0 where dist == 0; > 2: diff |diff|^(p-2) / dist^(p-1),
+# 0 where dist == 0; inf: sign(diff) where |diff| == dist; each times the pair's grad, summed
+# over the partners. Evaluated on all pairs at once ([..., P, R, M] differences).
+
+def _distance_grad(diff, dist, grad, p):
+    """diff [..., P, R, M], dist/grad [..., P, R, 1] -> the per-pair terms [..., P, R, M]."""
+    zero = aten.zeros_like.default(diff)
+    if p == 0:
+        return zero
+    if p == 1:
+        return aten.mul.Tensor(aten.sign.default(diff), grad)
+    if p == math.inf:
+        hit = aten.eq.Tensor(aten.abs.default(diff), dist)
+        return aten.where.self(hit, aten.mul.Tensor(aten.sign.default(diff), grad), zero)
+    nil = aten.eq.Scalar(dist, 0.0)
+    if p == 2:
+        out = aten.div.Tensor(aten.mul.Tensor(diff, grad), dist)
+    elif p < 2:
+        out = aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sign.default(diff), aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 1)), grad),
+                              aten.pow.Tensor_Scalar(dist, p - 1))
+        if p < 1:
+            nil = aten.logical_or.default(nil, aten.eq.Scalar(diff, 0.0))
+    else:
+        out = aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(diff, aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 2)), grad),
+                              aten.pow.Tensor_Scalar(dist, p - 1))
+    return aten.where.self(nil, zero, out)
+
+
+@project_decomposition(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    if not x1.dtype.is_floating_point or x1.dim() < 2 or x2.shape[-1] != x1.shape[-1]:
+        return NotImplemented
+    if x1.numel() == 0 or x2.numel() == 0 or grad.numel() == 0:  # the kernel's early return
+        return aten.zeros_like.default(x1, memory_format=torch.contiguous_format)
+    # batch dims broadcast: the kernel's gradient has the broadcast batch shape (autograd sums it to x1's)
+    batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    x1 = aten.expand.default(x1, batch + list(x1.shape[-2:]))
+    x2 = aten.expand.default(x2, batch + list(x2.shape[-2:]))
+    diff = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))  # [..., P, R, M]
+    terms = _distance_grad(diff, aten.unsqueeze.default(cdist, -1), aten.unsqueeze.default(grad, -1), float(p))
+    return aten.clone.default(aten.sum.dim_IntList(terms, [-2]), memory_format=torch.contiguous_format)
+
+
+@project_decomposition(aten._pdist_backward.default)
+def pdist_backward(grad, self, p, pdist):
+    if not self.dtype.is_floating_point or self.dim() != 2:
+        return NotImplemented
+    n = self.shape[0]
+    if n <= 1 or self.shape[1] == 0:
+        return aten.zeros_like.default(self, memory_format=torch.contiguous_format)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]  # pdist's condensed order
+    rows = torch.tensor([i for i, _ in pairs] + [j for _, j in pairs], dtype=torch.int64, device=self.device)
+    cols = torch.tensor([j for _, j in pairs] + [i for i, _ in pairs], dtype=torch.int64, device=self.device)
+    def square(v):  # condensed [n(n-1)/2] -> symmetric [n, n, 1], diagonal 0
+        full = aten.full.default([n, n], 0, dtype=v.dtype, device=v.device)
+        return aten.unsqueeze.default(aten.index_put.default(full, [rows, cols], aten.cat.default([v, v])), -1)
+    diff = aten.sub.Tensor(aten.unsqueeze.default(self, 1), aten.unsqueeze.default(self, 0))  # [n, n, M]
+    terms = _distance_grad(diff, square(pdist), square(grad), float(p))
+    return aten.sum.dim_IntList(terms, [1])

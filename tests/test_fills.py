@@ -377,3 +377,18 @@ def test_margin_losses(dtype, reduction):
         x1 = x[0].detach().requires_grad_()
         _close(*_both(lambda t: F.multi_margin_loss(t, y[0], reduction=reduction), x1), *TOL[dtype])
         _close(*_both(lambda t: F.multilabel_margin_loss(t, yt[0], reduction=reduction), x1), *TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_distance_backwards(dtype, p):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 5, 3, dtype=dtype, generator=g), torch.randn(2, 4, 3, dtype=dtype, generator=g)
+    b[0, 0] = a[0, 0]  # a zero distance
+    a[1, 1, 0] = b[1, 1, 0]  # a zero difference
+    tol = TOL[dtype]
+    _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a.requires_grad_(), b.requires_grad_()), *tol)
+    _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a[0].detach().requires_grad_(), b[0].detach().requires_grad_()), *tol)
+    # broadcast batch dims: the kernel's gradient has the broadcast shape, autograd sums it
+    _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a[:1].detach().requires_grad_(), b[:, None].detach().requires_grad_()), *tol)
+    _close(*_both(lambda x: F.pdist(x, p=p), a[0].detach().requires_grad_()), *tol)

@@ -62,7 +62,6 @@ GRAD_ONLY = ("float64",)
 
 # Ops that have no path to core ATen, and why: the reason of every unsupported entry naming them.
 BLOCKERS: dict = {
-    'aten._cdist_backward.default': BACKWARD,
     'aten._conj.default': COMPLEX_VIEW,
     'aten._conj_physical.default': COMPLEX_VIEW,
     'aten._efficientzerotensor.default': LAYOUT,
@@ -74,7 +73,6 @@ BLOCKERS: dict = {
     'aten._linalg_solve_ex.default': LAPACK,
     'aten._linalg_svd.default': LAPACK,
     'aten._native_batch_norm_legit.out': OUT_ONLY,
-    'aten._pdist_backward.default': BACKWARD,
     'aten._sparse_mm_reduce_impl.default': LAYOUT,
     'aten._to_sparse.default': LAYOUT,
     'aten._to_sparse.sparse_dim': LAYOUT,
@@ -162,7 +160,6 @@ XFAIL: dict = {
     '_segment_reduce.lengths': (U('aten.segment_reduce.default'),),
     '_segment_reduce.offsets': (U('aten.segment_reduce.default'),),
     '_upsample_bilinear2d_aa': (U('aten._upsample_bilinear2d_aa.default'),),
-    'cdist': (U('aten._cdist_backward.default', dtypes=GRAD_ONLY),),
     'cdouble': (U('aten.view_as_real.default', dtypes=GRAD_ONLY),),
     'cfloat': (U('aten.view_as_real.default', dtypes=GRAD_ONLY),),
     'chalf': (U('aten.view_as_real.default', dtypes=GRAD_ONLY),),
@@ -246,7 +243,6 @@ XFAIL: dict = {
     'nn.functional.grid_sample': (U('aten.grid_sampler_2d_backward.default', dtypes=GRAD_ONLY), U('aten.grid_sampler_3d.default'),),
     'nn.functional.linear_cross_entropy.chunked': (U('torch_nn._linear_cross_entropy_batch_chunked.default'),),
     'nn.functional.linear_cross_entropy.chunked_none': (U('torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default'),),
-    'nn.functional.pdist': (U('aten._pdist_backward.default', dtypes=GRAD_ONLY),),
     'nn.functional.rrelu': (U('aten.rrelu_with_noise.default'), U('aten.rrelu_with_noise_.default'),),
     'norm.nuc': (U('aten._linalg_svd.default'),),
     'ormqr': (U('aten.ormqr.default'),),
