@@ -283,3 +283,41 @@ def special_spherical_bessel_j0(self):
     y = _where(aten.eq.Scalar(x, 0.0), _c(1.0, x), y)
     y = _where(aten.isinf.default(x), _c(0.0, x), y)
     return _out(y, self)
+
+
+# -- ndtri: the standard normal quantile ------------------------------------------------------------
+# NOTE: ndtri(p) = sqrt(2) erfinv(2p - 1). In the centre (|p - 1/2| <= 1/4, where 2p - 1 is exact)
+# that is the erfinv fill; in the tails 2p - 1 would lose p's digits, so t = erfcinv(2q), q the
+# smaller of p and 1 - p (exact), is found by Newton's method on log erfc(t) = log(2q), written
+# with erfcx (log erfc(t) = log erfcx(t) - t^2: no underflow down to the smallest double), from
+# erfinv's guess or sqrt(-log 2q) far out; 12 steps, quadratic convergence. 0 and 1 give -inf and
+# inf, outside [0, 1] NaN. Evaluated in float64, rounded once.
+_NDTRI_STEPS = 12
+
+
+def _ndtri64(p):
+    q = aten.minimum.default(p, aten.rsub.Scalar(p, 1.0))
+    q_safe = _where(aten.gt.Scalar(q, 0.0), q, _c(0.25, q))  # tails only; others replaced below
+    two_q = aten.mul.Tensor(q_safe, 2.0)
+    log_two_q = aten.log.default(two_q)
+    guess = _erfinv64(aten.rsub.Scalar(two_q, 1.0))
+    t = _where(aten.gt.Scalar(two_q, 1e-10), guess, aten.sqrt.default(aten.neg.default(log_two_q)))
+    for _ in range(_NDTRI_STEPS):
+        scaled = _erfc64(t, scaled=True)
+        g = aten.sub.Tensor(aten.sub.Tensor(aten.log.default(scaled), aten.mul.Tensor(t, t)), log_two_q)
+        t = aten.add.Tensor(t, aten.mul.Tensor(aten.mul.Tensor(g, scaled), _SQRT_PI / 2))
+    tail = aten.mul.Tensor(t, math.sqrt(2.0))
+    tail = _where(aten.lt.Scalar(p, 0.5), aten.neg.default(tail), tail)
+    centre = aten.mul.Tensor(_erfinv64(aten.sub.Tensor(aten.mul.Tensor(p, 2.0), 1.0)), math.sqrt(2.0))
+    out = _where(aten.le.Scalar(aten.abs.default(aten.sub.Tensor(p, 0.5)), 0.25), centre, tail)
+    out = _where(aten.eq.Scalar(p, 0.0), _c(-math.inf, p), out)
+    out = _where(aten.eq.Scalar(p, 1.0), _c(math.inf, p), out)
+    bad = aten.logical_or.default(aten.logical_or.default(aten.lt.Scalar(p, 0.0), aten.gt.Scalar(p, 1.0)), aten.isnan.default(p))
+    return _where(bad, _c(math.nan, p), out)
+
+
+@project_decomposition(aten.special_ndtri.default)
+def special_ndtri(self):
+    if not _supported(self) or self.dtype in (torch.float16, torch.bfloat16):
+        return NotImplemented
+    return _out(_ndtri64(_f64(self)), self)

@@ -83,3 +83,24 @@ def test_spherical_bessel_j0(dtype):
     rec.assert_only("core_aten")
     assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ndtri_tails(dtype):
+    # the centre, both tails down to the smallest double, the ends and outside [0, 1]
+    g = torch.Generator().manual_seed(0)
+    p = torch.cat([torch.rand(500, dtype=torch.float64, generator=g),
+                   10 ** (-torch.rand(200, dtype=torch.float64, generator=g) * 300),
+                   1 - 10 ** (-torch.rand(100, dtype=torch.float64, generator=g) * 15),
+                   torch.tensor([0.0, 1.0, 0.5, 0.25, 0.75, 1e-320, 5e-324, -0.1, 1.1, math.nan, 0.5 + 1e-12])]).to(dtype)
+    want = torch.special.ndtri(p)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = torch.special.ndtri(p)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=0, equal_nan=True)
+    else:  # the accuracy rule against a float64 reference
+        ref = torch.special.ndtri(p.double())
+        ok = (got.double() - ref).abs() <= 2 * (want.double() - ref).abs().nan_to_num(0.0) + 1e-5 + 1.3e-6 * ref.abs()
+        assert (ok | (got.isnan() & want.isnan()) | (got == want)).all()
