@@ -321,3 +321,123 @@ def special_ndtri(self):
     if not _supported(self) or self.dtype in (torch.float16, torch.bfloat16):
         return NotImplemented
     return _out(_ndtri64(_f64(self)), self)
+
+
+# -- Hurwitz zeta and polygamma ------------------------------------------------------------------
+# NOTE: zeta(x, q) = sum_k (q + k)^-x by the kernel's method (Euler-Maclaurin): direct terms until
+# q + k > 9 (at least 9), then the integral, half the last term and 12 Bernoulli corrections
+# (their coefficients (2j)!/B_2j computed here from the Bernoulli numbers), in float64 rounded
+# once; the kernel's early exits only skip terms below float64's epsilon. x == 1 gives inf, x < 1
+# NaN; q <= 0 gives inf at integers and NaN for a non-integer x. A negative q needs as many
+# direct terms as it is below 9: a data value (such calls decompose eagerly), declined past
+# _ZETA_MAX_TERMS. polygamma(n >= 2, x) = (-1)^(n+1) n! zeta(n + 1, x), as the kernel; n == 1 is
+# the kernel's trigamma (reflection below 1/2, six recurrence steps, an asymptotic series);
+# n == 0 is digamma.
+def _bernoulli_coefficients(count):
+    from fractions import Fraction
+
+    b = [Fraction(1)]
+    for m in range(1, 2 * count + 1):
+        b.append(-sum(Fraction(math.comb(m + 1, k)) * b[k] for k in range(m)) / (m + 1))
+    return [float(Fraction(math.factorial(2 * j + 2)) / b[2 * j + 2]) for j in range(count)]
+
+
+_ZETA_A = _bernoulli_coefficients(12)
+_ZETA_MAX_TERMS = 4096
+
+
+def _zeta64(x, q):
+    finite = aten.logical_not.default(aten.logical_or.default(aten.isnan.default(q), aten.isinf.default(q)))
+    low = aten.amin.default(_where(finite, q, aten.zeros_like.default(q)), []) if q.numel() else None
+    terms = 9
+    if low is not None:
+        lowest = float(aten._local_scalar_dense.default(low))
+        if lowest < 0 and math.isfinite(lowest):
+            terms = max(terms, 9 + math.ceil(-lowest))
+    if terms > _ZETA_MAX_TERMS:
+        return NotImplemented
+    neg_x = aten.neg.default(x)
+    s = aten.pow.Tensor_Tensor(q, neg_x)
+    a = q
+    b = aten.zeros_like.default(q)
+    for _ in range(terms):
+        a = aten.add.Tensor(a, 1.0)
+        b = aten.pow.Tensor_Tensor(a, neg_x)
+        s = aten.add.Tensor(s, b)
+    w = a
+    s = aten.add.Tensor(s, aten.div.Tensor(aten.mul.Tensor(b, w), aten.sub.Tensor(x, 1.0)))
+    s = aten.sub.Tensor(s, aten.mul.Tensor(b, 0.5))
+    fa = aten.ones_like.default(x)
+    k = 0.0
+    for coefficient in _ZETA_A:
+        fa = aten.mul.Tensor(fa, aten.add.Tensor(x, k))
+        b = aten.div.Tensor(b, w)
+        s = aten.add.Tensor(s, aten.div.Tensor(aten.mul.Tensor(fa, b), coefficient))
+        k += 1.0
+        fa = aten.mul.Tensor(fa, aten.add.Tensor(x, k))
+        b = aten.div.Tensor(b, w)
+        k += 1.0
+    nonpositive = aten.le.Scalar(q, 0.0)
+    q_integer = aten.eq.Tensor(q, aten.floor.default(q))
+    x_integer = aten.eq.Tensor(x, aten.floor.default(x))
+    s = _where(aten.logical_and.default(nonpositive, aten.logical_not.default(x_integer)), _c(math.nan, s), s)
+    s = _where(aten.logical_and.default(nonpositive, q_integer), _c(math.inf, s), s)
+    s = _where(aten.lt.Scalar(x, 1.0), _c(math.nan, s), s)
+    return _where(aten.eq.Scalar(x, 1.0), _c(math.inf, s), s)
+
+
+@project_decomposition(aten.special_zeta.default)
+def special_zeta(self, other):
+    dtype = torch.result_type(self, other)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    shape = list(torch.broadcast_shapes(self.shape, other.shape))
+    x = aten.expand.default(_f64(aten._to_copy.default(self, dtype=dtype)), shape)
+    q = aten.expand.default(_f64(aten._to_copy.default(other, dtype=dtype)), shape)
+    out = _zeta64(x, q)
+    if out is NotImplemented:
+        return out
+    return aten._to_copy.default(out, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+def _trigamma64(x):
+    reflect = aten.lt.Scalar(x, 0.5)
+    s = aten.sin.default(aten.mul.Tensor(x, math.pi))
+    result = _where(reflect, aten.neg.default(aten.div.Tensor(_c(math.pi * math.pi, x), aten.mul.Tensor(s, s))), _c(0.0, x))
+    x = _where(reflect, aten.rsub.Scalar(x, 1.0), x)
+    for _ in range(6):
+        result = aten.add.Tensor(result, aten.reciprocal.default(aten.mul.Tensor(x, x)))
+        x = aten.add.Tensor(x, 1.0)
+    ixx = aten.reciprocal.default(aten.mul.Tensor(x, x))
+    series = aten.rsub.Scalar(aten.mul.Tensor(ixx, 1.0 / 42), 1.0 / 30)
+    series = aten.rsub.Scalar(aten.mul.Tensor(ixx, series), 1.0 / 6)
+    series = aten.add.Tensor(aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(x, 2.0)), 1.0), aten.mul.Tensor(ixx, series))
+    result = aten.add.Tensor(result, aten.div.Tensor(series, x))
+    return _where(reflect, aten.neg.default(result), result)
+
+
+@project_decomposition(aten.polygamma.default)
+def polygamma(n, self):
+    if not _supported(self) or n < 0:
+        return NotImplemented
+    if n == 0:
+        return _out(_digamma64(_f64(self)), self)
+    x = _f64(self)
+    if n == 1:
+        return _out(_trigamma64(x), self)
+    z = _zeta64(aten.full_like.default(x, float(n + 1)), x)
+    if z is NotImplemented:
+        return z
+    return _out(aten.mul.Tensor(z, (1.0 if n % 2 else -1.0) * math.factorial(n)), self)
+
+
+@project_decomposition(aten.polygamma_.default)
+def polygamma_(self, n):
+    if not self.dtype.is_floating_point:
+        return NotImplemented
+    out = polygamma(n, self)
+    if out is NotImplemented:
+        return out
+    return aten.copy_.default(self, out)

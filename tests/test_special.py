@@ -104,3 +104,39 @@ def test_ndtri_tails(dtype):
         ref = torch.special.ndtri(p.double())
         ok = (got.double() - ref).abs() <= 2 * (want.double() - ref).abs().nan_to_num(0.0) + 1e-5 + 1.3e-6 * ref.abs()
         assert (ok | (got.isnan() & want.isnan()) | (got == want)).all()
+
+
+def _polygamma_like(fn, *args):
+    want = fn(*args)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(*args)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    if want.dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-7, equal_nan=True)
+    else:  # the accuracy rule against a float64 reference
+        ref = fn(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+        ok = (got.double() - ref).abs() <= 2 * (want.double() - ref).abs().nan_to_num(0.0) + 1e-5 + 1.6e-2 * ref.abs()
+        assert (ok | (got.isnan() & want.isnan()) | (got == want)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_polygamma(dtype, n):
+    g = torch.Generator().manual_seed(0)
+    # negative arguments need more direct zeta terms (NaN and inf must not hide them)
+    x = torch.cat([torch.rand(300, dtype=torch.float64, generator=g) * 20 - 10,
+                   torch.tensor([0.0, -1.0, -2.5, 1.0, 0.5, 1e-8, 30.0, 1e3, math.inf, math.nan, -3.0])]).to(dtype)
+    _polygamma_like(lambda t: torch.polygamma(n, t), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zeta(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(200, dtype=torch.float64, generator=g) * 10 + 0.5).to(dtype)
+    q = (torch.rand(200, dtype=torch.float64, generator=g) * 20 - 5).to(dtype)
+    _polygamma_like(torch.special.zeta, x, q)
+    # x == 1, x < 1, q at a non-positive integer, a non-integer x with q <= 0, q = inf
+    e = torch.tensor([1.0, 0.5, 2.0, 3.0, 2.0, 2.5, 2.0], dtype=dtype)
+    f = torch.tensor([2.0, 2.0, 0.0, -2.0, -2.5, -2.5, math.inf], dtype=dtype)
+    _polygamma_like(torch.special.zeta, e, f)
