@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp import disk
+from eagerdecomp import disk, registry
 
 aten = torch.ops.aten
 
@@ -39,7 +39,23 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture
-def on_disk(tmp_path, monkeypatch):
+def no_user_decompositions():
+    """The user table empty for the test, then restored. NOTE: other test modules register user
+    decompositions for the whole session (test_custom_ops), and a runtime whose table holds any
+    is not persisted, by design; the version moves both ways so no runtime built from the other
+    table is reused."""
+    saved = dict(registry.USER)
+    with registry._lock:
+        registry.USER.clear()
+        registry._version = next(registry._versions)
+    yield
+    with registry._lock:
+        registry.USER.update(saved)
+        registry._version = next(registry._versions)
+
+
+@pytest.fixture
+def on_disk(tmp_path, monkeypatch, no_user_decompositions):
     monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EAGERDECOMP_DISK_CACHE", "1")
     monkeypatch.setattr(disk, "_warned", type(disk._warned)())
