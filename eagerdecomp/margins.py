@@ -89,6 +89,11 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
 def multilabel_margin_loss_forward(self, target, reduction):
     if not self.dtype.is_floating_point or self.dim() > 2 or self.shape != target.shape or self.numel() == 0:
         return NotImplemented
+    # NOTE: a 1-d input with reduction='none': the CPU kernel returns a 0-dim loss, its meta kernel
+    # a [1] one, and a trace is checked against the meta kernel; declined (a clear error) rather
+    # than answered with the meta kernel's shape.
+    if self.dim() == 1 and reduction == _NONE:
+        return NotImplemented
     x, t = _as_2d(self, target)
     n, c = x.shape
     ended = aten.cumsum.default(aten._to_copy.default(aten.eq.Scalar(t, -1), dtype=torch.int64), 1)

@@ -392,3 +392,18 @@ def test_distance_backwards(dtype, p):
     # broadcast batch dims: the kernel's gradient has the broadcast shape, autograd sums it
     _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a[:1].detach().requires_grad_(), b[:, None].detach().requires_grad_()), *tol)
     _close(*_both(lambda x: F.pdist(x, p=p), a[0].detach().requires_grad_()), *tol)
+
+
+def test_multilabel_margin_loss_1d_unreduced_is_declined_not_reshaped():
+    """Eager's CPU kernel gives a 0-dim loss here, its meta kernel a [1] one: a clear error,
+    never the meta kernel's shape."""
+    x, t = torch.randn(5), torch.tensor([1, -1, 0, 0, 0])
+    assert F.multilabel_margin_loss(x, t, reduction="none").shape == ()
+    with pytest.raises(ed.UnsupportedOpError, match="multilabel_margin_loss_forward"):
+        with ed.EagerDecompMode("core_aten"):
+            F.multilabel_margin_loss(x, t, reduction="none")
+    with ed.EagerDecompMode("core_aten"):  # reduced, and 2-d unreduced, still decompose
+        got = [F.multilabel_margin_loss(x, t), F.multilabel_margin_loss(x[None], t[None], reduction="none")]
+    want = [F.multilabel_margin_loss(x, t), F.multilabel_margin_loss(x[None], t[None], reduction="none")]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.allclose(g, w)
