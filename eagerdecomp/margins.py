@@ -10,6 +10,7 @@ agree to rounding.
 from __future__ import annotations
 
 import torch
+import torch._decomp
 
 from .registry import project_decomposition
 
@@ -79,6 +80,19 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
     grad = aten.mul.Tensor(grad, g)
     grad = _scale_by_grad(grad, grad_output, reduction, n)
     return aten.clone.default(aten.reshape.default(grad, list(self.shape)), memory_format=torch.contiguous_format)
+
+
+# NOTE: a 1-d input with a 0-dim target and reduction='none': the CPU kernel returns a 0-dim loss,
+# the meta kernel and PyTorch's decomposition a [1] one (a wrong shape that matches the meta
+# kernel, so no check would catch it); declined. Every other call is PyTorch's decomposition.
+_TORCH_MULTI_MARGIN = torch._decomp.decomposition_table[aten.multi_margin_loss.default]
+
+
+@project_decomposition(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    if self.dim() <= 1 and target.dim() == 0 and reduction == _NONE:
+        return NotImplemented
+    return _TORCH_MULTI_MARGIN(self, target, p, margin, weight, reduction)
 
 
 # NOTE: PyTorch's decomposition of the forward sums the hinge terms of every target slot,

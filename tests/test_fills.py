@@ -407,3 +407,20 @@ def test_multilabel_margin_loss_1d_unreduced_is_declined_not_reshaped():
     want = [F.multilabel_margin_loss(x, t), F.multilabel_margin_loss(x[None], t[None], reduction="none")]
     for g, w in zip(got, want):
         assert g.shape == w.shape and torch.allclose(g, w)
+
+
+def test_multi_margin_loss_0d_target_unreduced_is_declined_not_reshaped():
+    """A 1-d input with a 0-dim target: eager's loss is 0-dim, the meta kernel's and PyTorch's
+    decomposition's [1]. A clear error, never the wrong shape; the other forms still decompose."""
+    x = torch.randn(5)
+    assert F.multi_margin_loss(x, torch.tensor(2), reduction="none").shape == ()
+    with pytest.raises(ed.UnsupportedOpError, match="multi_margin_loss"):
+        with ed.EagerDecompMode("core_aten"):
+            F.multi_margin_loss(x, torch.tensor(2), reduction="none")
+    calls = [lambda: F.multi_margin_loss(x, torch.tensor([2]), reduction="none"), lambda: F.multi_margin_loss(x, torch.tensor(2)),
+             lambda: F.multi_margin_loss(x[None].repeat(3, 1), torch.tensor([0, 2, 4]), reduction="none")]
+    with ed.EagerDecompMode("core_aten"):
+        got = [c() for c in calls]
+    for g, c in zip(got, calls):
+        w = c()
+        assert g.shape == w.shape and torch.allclose(g, w)
