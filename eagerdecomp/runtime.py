@@ -114,7 +114,6 @@ class Runtime:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
         tls = self._tls
-        tls.answer = None
         entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
         cache = "miss" if made else "hit"
         if type(entry) is Kernel:
@@ -243,6 +242,7 @@ class Runtime:
 
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
+        self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
         store = self._store()
         if store is not None and key is not None:
             kernel = store.load_kernel(key)
