@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from .overlap import guard
 from .registry import project_decomposition
+from .variants import resize_out
 
 aten = torch.ops.aten
 
@@ -208,12 +210,43 @@ def linalg_check_errors(info, api_name, *, is_matrix):
     return NotImplemented  # another API or a negative code: eager's own wording is not reproduced
 
 
-# NOTE: eager's out= forms of these return column-major (LAPACK-layout) outputs; the generic
-# out= rule would resize them row-major. Declined (a clear error) rather than answer with
-# other strides.
-def _declined(*args, **kwargs):
-    return NotImplemented
+def _fortran_strides(shape):
+    """Batched column-major strides (LAPACK's layout) of ``shape``."""
+    *batch, m, n = shape
+    strides, step = [1, max(m, 1)], max(m, 1) * max(n, 1)
+    for size in reversed(batch):
+        strides.insert(0, step)
+        step *= max(size, 1)
+    return strides
 
 
-for _op in (aten.linalg_inv_ex.inverse, aten.linalg_lu_factor_ex.out, aten.linalg_lu_solve.out):
-    project_decomposition(_op)(_declined)
+def fortran_out(op, functional, fortran):
+    """Register the out= form of a LAPACK-style ``op``.
+
+    NOTE: eager resizes an out whose shape differs to batched column-major strides (for the
+    outputs flagged in ``fortran``; pivots and info stay row-major) and keeps the strides of one
+    whose shape is right, copying the result in; the generic out= rule resizes row-major.
+    """
+    names = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+
+    def fill(*args, **kwargs):
+        outs = [kwargs.pop(name) for name in names]
+        guard(op, functional, outs, [args, list(kwargs.values())])
+        result = functional(*args, **kwargs)
+        result = result if isinstance(result, (tuple, list)) else (result,)
+        if len(result) != len(outs) or any(o.dtype != r.dtype or o.device != r.device for o, r in zip(outs, result)):
+            return NotImplemented
+        for out, res, f in zip(outs, result, fortran):
+            if out.shape != res.shape:
+                resize_out(out, res.shape)
+                if f:
+                    aten.as_strided_.default(out, list(res.shape), _fortran_strides(list(res.shape)), out.storage_offset())
+            aten.copy_.default(out, res)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    project_decomposition(op)(fill)
+
+
+fortran_out(aten.linalg_inv_ex.inverse, aten.linalg_inv_ex.default, (True, False))
+fortran_out(aten.linalg_lu_factor_ex.out, aten.linalg_lu_factor_ex.default, (True, False, False))
+fortran_out(aten.linalg_lu_solve.out, aten.linalg_lu_solve.default, (True,))
