@@ -6,11 +6,14 @@ For each non-core op and size, microseconds per call of:
   cached  EagerDecompMode("core_aten"): key, cache hit, replay of the traced kernel
   floor   the same core ops the kernel runs, called directly with no mode
 and the pass-through cost of an opset op: our mode vs a do-nothing TorchDispatchMode.
+With --compile inductor, one more column:
+  compiled  EagerDecompMode("core_aten", compile="inductor") once its kernel is compiled
+            (ops that stay on replay are marked * with the reason), and the compile time.
 
 Variants are timed interleaved, round after round, and ratios are taken per
 round then reduced by median, so machine noise hits all variants alike.
 
-    python bench/micro.py [--rounds 15] [--sizes 64,1048576] [--json out.json]
+    python bench/micro.py [--rounds 15] [--sizes 64,1048576] [--device cpu] [--compile inductor] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
+from eagerdecomp.compiled import AFTER
 from eagerdecomp.key import make_key
 from eagerdecomp.lift import lift_positions, split, wrapped_positions
 from eagerdecomp.lower import Lowerer
@@ -42,17 +46,21 @@ class DoNothing(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def r(n, *shape):
-    return torch.randn(*shape) if shape else torch.randn(n)
+DEVICE = "cpu"
+
+
+def _sync():
+    if DEVICE != "cpu":
+        torch.accelerator.synchronize()
 
 
 def cases(n):
     """(name, op, args, kwargs) for ``n`` elements."""
     rows = max(1, n // 64)
-    x, y, z = torch.randn(n), torch.randn(n), torch.randn(n)
-    logits = torch.randn(rows, 64).log_softmax(-1)
-    target = torch.randint(0, 64, (rows,))
-    sm = torch.randn(rows, 64).softmax(-1)
+    x, y, z = (torch.randn(n, device=DEVICE) for _ in range(3))
+    logits = torch.randn(rows, 64, device=DEVICE).log_softmax(-1)
+    target = torch.randint(0, 64, (rows,), device=DEVICE)
+    sm = torch.randn(rows, 64, device=DEVICE).softmax(-1)
     return [
         ("addcmul", aten.addcmul.default, (x, y, z), {"value": 0.5}),
         ("silu", aten.silu.default, (x,), {}),
@@ -61,19 +69,21 @@ def cases(n):
         ("softplus", aten.softplus.default, (x, 2.0, 20.0), {}),
         ("mse_loss", aten.mse_loss.default, (x, y), {}),
         ("huber_loss", aten.huber_loss.default, (x, y), {}),
-        ("glu", aten.glu.default, (torch.randn(rows, 128), -1), {}),
+        ("glu", aten.glu.default, (torch.randn(rows, 128, device=DEVICE), -1), {}),
         ("elu_backward", aten.elu_backward.default, (y, 1.0, 1.0, 1.0, False, x), {}),
         ("_softmax_backward_data", aten._softmax_backward_data.default, (y.view(rows, -1), sm.view(rows, -1), -1, torch.float32), {}),
         ("nll_loss_forward", aten.nll_loss_forward.default, (logits, target, None, 1, -100), {}),
-        ("transpose (view)", aten.transpose.int, (torch.randn(rows, 64), 0, 1), {}),
+        ("transpose (view)", aten.transpose.int, (torch.randn(rows, 64, device=DEVICE), 0, 1), {}),
         ("lerp", aten.lerp.Scalar, (x, y, 0.3), {}),
         ("add_ (in-place)", aten.add_.Tensor, (x.clone(), y), {}),
     ]
 
 
 def _per_call(batch, iters):
+    _sync()
     t0 = time.perf_counter()
     batch(iters)
+    _sync()
     return (time.perf_counter() - t0) / iters * 1e6
 
 
@@ -90,7 +100,7 @@ class Capture(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def bench_op(op, args, kwargs, rounds):
+def bench_op(op, args, kwargs, rounds, compile=None):
     runtime = runtime_for("core_aten")
     mode = ed.EagerDecompMode("core_aten")
     with mode, Capture() as cap:
@@ -126,12 +136,26 @@ def bench_op(op, args, kwargs, rounds):
             fn(*tensors)
 
     variants = {"native": native, "naive": run_naive, "cached": cached, "floor": floor}
+    row = None
+    if compile:
+        fused = ed.EagerDecompMode("core_aten", compile=compile)
+        with fused:
+            for _ in range(AFTER + 2):  # trace, replays, compile: answered compiled from here
+                op(*args, **kwargs)
+        row = fused.report().row(func)
+
+        def compiled(n):
+            with fused:
+                for _ in range(n):
+                    op(*args, **kwargs)
+
+        variants["compiled"] = compiled
     iters = {k: _iters_for(f) for k, f in variants.items()}
     samples = {k: [] for k in variants}
     for _ in range(rounds):
         for k, f in variants.items():
             samples[k].append(_per_call(f, iters[k]))
-    return samples
+    return samples, row
 
 
 def ratio(a, b):
@@ -139,7 +163,7 @@ def ratio(a, b):
 
 
 def bench_passthrough(rounds, n=64):
-    x = torch.randn(n)
+    x = torch.randn(n, device=DEVICE)
     ours, nothing = ed.EagerDecompMode("core_aten"), DoNothing()
 
     def via(mode):
@@ -161,7 +185,7 @@ def bench_profiler_check(rounds, n=64):
     against a whole cached hit of silu under the mode (both us per call)."""
     from eagerdecomp.observe import profiling
 
-    x, mode = torch.randn(n), ed.EagerDecompMode("core_aten")
+    x, mode = torch.randn(n, device=DEVICE), ed.EagerDecompMode("core_aten")
 
     def hits(n):
         with mode:
@@ -184,24 +208,44 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--sizes", default="64,1048576")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, ...: where the tensors live")
+    ap.add_argument("--compile", choices=["inductor"], help="add a column: the mode with compile=")
     ap.add_argument("--json")
     opts = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = opts.device
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one thread: ratios are not skewed by how many cores are free
     results = []
-    print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.rounds} rounds, 1 thread; us per call (median)")
+    print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.rounds} rounds, 1 thread; "
+          "us per call (median)")
     head = f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'floor':>9} {'naive/cached':>13} {'cached/floor':>13}"
+    if opts.compile:
+        head += f" {'compiled':>9} {'comp/native':>12} {'comp/cached':>12} {'compile s':>9}"
+    notes = []
     print(head)
     print("-" * len(head))
     for n in map(int, opts.sizes.split(",")):
         for name, op, args, kwargs in cases(n):
-            s = bench_op(op, args, kwargs, opts.rounds)
+            s, rep = bench_op(op, args, kwargs, opts.rounds, opts.compile)
             med = {k: statistics.median(v) for k, v in s.items()}
             row = dict(op=name, numel=n, **med, naive_over_cached=ratio(s["naive"], s["cached"]),
                        cached_over_floor=ratio(s["cached"], s["floor"]))
+            line = (f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['floor']:9.1f} "
+                    f"{row['naive_over_cached']:12.2f}x {row['cached_over_floor']:12.2f}x")
+            if opts.compile:
+                row.update(compiled_over_native=ratio(s["compiled"], s["native"]),
+                           compiled_over_cached=ratio(s["compiled"], s["cached"]),
+                           compile_s=rep.compile_s, is_compiled=bool(rep.compiled), not_compiled=rep.not_compiled)
+                mark = " " if rep.compiled else "*"
+                if not rep.compiled:
+                    notes.append(f"* {name} ({n}): not compiled: {'; '.join(rep.not_compiled) or '?'}")
+                line += (f" {med['compiled']:8.1f}{mark} {row['compiled_over_native']:11.2f}x "
+                         f"{row['compiled_over_cached']:11.2f}x {rep.compile_s:9.2f}")
             results.append(row)
-            print(f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['floor']:9.1f} "
-                  f"{row['naive_over_cached']:12.2f}x {row['cached_over_floor']:12.2f}x")
+            print(line)
+    for note in dict.fromkeys(notes):
+        print(note)
     a, b = bench_passthrough(opts.rounds)
     pt = ratio(a, b)
     print(f"\npass-through aten.mul.Tensor (64 elements): ours {statistics.median(a):.2f} us, "
@@ -213,6 +257,12 @@ def main(argv=None):
         rows = [x for x in results if x["numel"] == n]
         print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x, "
               f"median cached/floor {statistics.median(x['cached_over_floor'] for x in rows):.2f}x")
+        done = [x for x in rows if x.get("is_compiled")]
+        if done:
+            worst = max(done, key=lambda x: x["compiled_over_native"])
+            print(f"numel {n}: compiled ops {len(done)}/{len(rows)}, worst compiled/native "
+                  f"{worst['compiled_over_native']:.2f}x ({worst['op']}), worst compiled/cached of all "
+                  f"{max(x['compiled_over_cached'] for x in rows):.2f}x")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump({"rows": results, "passthrough_ratio": pt, "torch": torch.__version__}, f, indent=1)

@@ -287,6 +287,9 @@ def cache_clear(disk: bool = False) -> None:
     with _CACHES_LOCK:
         for c in _CACHES.values():
             c.clear()
+    from .compiled import clear as clear_compiled
+
+    clear_compiled()
     if disk:
         from .disk import clear
 

@@ -193,6 +193,7 @@ def enable(
     *,
     decompositions: Mapping | None = None,
     on_unsupported: str = "error",
+    compile=None,
 ) -> Backend:
     """Decompose, on ``device``, every op it has no kernel for; return the :class:`Backend`.
 
@@ -205,6 +206,8 @@ def enable(
         decompositions: extra ``{op: fn}`` entries, as for :class:`~eagerdecomp.EagerDecompMode`.
         on_unsupported: ``"error"`` only: an op the device lacks and eagerdecomp cannot
             decompose has no native kernel to fall through to on a device.
+        compile: as for :class:`~eagerdecomp.EagerDecompMode`: None, ``"inductor"`` (for a
+            device Inductor generates code for) or the device team's own graph compiler.
 
     Enabling a device twice with the same arguments is a no-op; with other arguments it
     raises :class:`BackendError` (call :func:`disable` first).
@@ -217,8 +220,14 @@ def enable(
             "expected 'error'. An op that reaches the device switch has no kernel on the device to fall "
             "through to: register a decomposition for it, or run it on CPU in user code."
         )
+    if compile == "inductor" and not _inductor_supports(device_type):
+        raise BackendError(
+            f"enable({device_type!r}, compile='inductor'): Inductor generates no code for this device; "
+            "expected a device with an Inductor backend (cpu, cuda, xpu, ...). Pass your own graph "
+            "compiler as compile=fn(graph_module, example_inputs), or compile=None to replay."
+        )
     settings = (opset if isinstance(opset, (str, type(None))) else OpSet.coerce(opset),
-                tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())))
+                tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())), compile)
     with _lock:
         current = _enabled.get(key)
         if current is not None:
@@ -241,7 +250,7 @@ def enable(
                     f"for: {shown}. Expected every opset op to run on the device; pass opset=None to use "
                     f"the device's own kernels ({len(have)} ops), or narrow the opset."
                 )
-        runtime = runtime_for(target, decompositions, on_unsupported)
+        runtime = runtime_for(target, decompositions, on_unsupported, compile)
         kernel = _fallback_for(runtime, device_type)
         library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
         library.fallback(kernel, key)
@@ -252,6 +261,13 @@ def enable(
             composites.impl(op, _take_over(kernel, op), key)
         backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have)
         return backend
+
+
+def _inductor_supports(device_type: str) -> bool:
+    from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+
+    init_backend_registration()
+    return get_scheduling_for_device(device_type) is not None
 
 
 def _take_over(kernel, op):

@@ -383,5 +383,7 @@ def store_for(opset, extra: dict) -> Store | None:
 
 
 def clear() -> None:
-    """Remove every kernel written to disk (all fingerprints)."""
+    """Remove every kernel written to disk (all fingerprints), and the compiled code Inductor
+    keeps under our root for ``compile="inductor"`` (eagerdecomp.compiled)."""
     shutil.rmtree(cache_dir("kernels"), ignore_errors=True)
+    shutil.rmtree(cache_dir("inductor"), ignore_errors=True)

@@ -37,6 +37,10 @@ class EagerDecompMode(TorchDispatchMode):
         on_unsupported: what to do with an op that has no path to the opset:
             ``"error"`` (raise :class:`UnsupportedOpError`), ``"warn"`` or
             ``"fallthrough"`` (run it natively; counted in the report).
+        compile: None (replay kernels as traced), ``"inductor"`` or a graph compiler
+            ``fn(graph_module, example_inputs) -> callable``: a kernel replayed often is
+            compiled once per key and the compiled callable answers from then on
+            (:mod:`eagerdecomp.compiled` says which kernels qualify).
 
     Kernels are traced once per key and cached process-wide per (opset,
     table), so a second mode over the same opset starts warm.
@@ -48,9 +52,10 @@ class EagerDecompMode(TorchDispatchMode):
         *,
         decompositions: Mapping | None = None,
         on_unsupported: str = "error",
+        compile=None,
     ):
         super().__init__()
-        self.runtime = runtime_for(opset, decompositions, on_unsupported)
+        self.runtime = runtime_for(opset, decompositions, on_unsupported, compile)
         self.runtime.hint = "or pass on_unsupported='fallthrough' to EagerDecompMode to run it natively"
         self.opset = self.runtime.opset
         self._ops = self.opset.ops

@@ -21,7 +21,8 @@ from .lower import Lowerer, Stuck
 from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .registry import version as table_version
-from .stats import DISK, FAMILY, LIFTED, Route, Stats
+from .stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
+from .compiled import compiler_for
 from .disk import enabled as disk_enabled
 from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
@@ -59,7 +60,7 @@ class Runtime:
     The kernel cache is shared by every runtime with the same opset and table.
     """
 
-    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None):
+    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None, compiler=None):
         if on_unsupported not in ON_UNSUPPORTED:
             raise EagerDecompError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
         self.opset = opset
@@ -74,6 +75,7 @@ class Runtime:
         self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
         self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
         self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
+        self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -127,6 +129,11 @@ class Runtime:
             elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
                 stats.record(func, Route.REPLAY, DISK, cache)
             else:
+                if not made and self.compiler is not None:
+                    compiled = self.compiler.lookup(key, entry, inputs, stats)
+                    if compiled is not None:
+                        stats.record(func, Route.REPLAY, COMPILED, cache)
+                        return ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
                 route = Route.TRACE if cache == "miss" else Route.REPLAY
                 stats.record(func, route, LIFTED if lifted else None, cache)
             if profiling():
@@ -330,10 +337,12 @@ def _resolve_decompositions(decompositions) -> dict:
     return out
 
 
-def runtime_for(opset, decompositions=None, on_unsupported: str = "error") -> Runtime:
-    """A fresh runtime (own stats) over the process-wide cache of ``(opset, table)``."""
+def runtime_for(opset, decompositions=None, on_unsupported: str = "error", compile=None) -> Runtime:
+    """A fresh runtime (own stats) over the process-wide cache of ``(opset, table)``;
+    ``compile`` (None, ``"inductor"`` or a graph compiler) compiles its hot kernels."""
     opset = OpSet.coerce(opset)
     extra = _resolve_decompositions(decompositions or {})
     table = default_table(opset, extra.items())
     fingerprint = (opset, frozenset(extra.items()), table_version())
-    return Runtime(opset, table, cache_for(fingerprint), on_unsupported, store_for(opset, extra))
+    cache = cache_for(fingerprint)
+    return Runtime(opset, table, cache, on_unsupported, store_for(opset, extra), compiler_for(cache, compile))

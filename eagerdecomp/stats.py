@@ -19,11 +19,12 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY", "DISK"]
+__all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY", "DISK", "COMPILED"]
 
 LIFTED = "floats lifted"  # the reason of a replay whose float arguments were kernel inputs
 FAMILY = "shape family"  # the reason of a replay of a shape-generic kernel for a new exact key
 DISK = "loaded from disk"  # the reason of a replay of a kernel the persistent cache held (eagerdecomp.disk)
+COMPILED = "compiled"  # the reason of a hit answered by a compiled kernel (eagerdecomp.compiled)
 
 
 class Route(str, enum.Enum):
@@ -59,6 +60,8 @@ class Stats:
         self.random = set()  # ops whose kernels draw random numbers
         self.by_value = set()  # ops whose float arguments had to be keyed by value
         self.exact_only: dict = {}  # op -> reasons some of its calls keep exact-shape kernels
+        self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
+        self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
         """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
@@ -98,6 +101,16 @@ class Stats:
             with self._lock:
                 self.exact_only.setdefault(op, set()).add(reason)
 
+    def compiled(self, op, seconds: float) -> None:
+        """Note that a kernel of ``op`` was compiled, in ``seconds``."""
+        with self._lock:
+            self.compile_s[op] = self.compile_s.get(op, 0.0) + seconds
+
+    def not_compiled(self, op, reason: str) -> None:
+        """Note that a kernel of ``op`` stays on replay under ``compile=``, and why."""
+        with self._lock:
+            self.uncompiled.setdefault(op, set()).add(reason)
+
     def keyed_by_value(self, op) -> None:
         with self._lock:
             self.by_value.add(op)
@@ -107,7 +120,7 @@ class Stats:
             for shard in self._shards:
                 shard.clear()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
-            self.exact_only = {}
+            self.exact_only, self.compile_s, self.uncompiled = {}, {}, {}
 
     def report(self) -> "Report":
         rows: dict = {}
@@ -122,6 +135,8 @@ class Stats:
             row.random = op in self.random
             row.by_value = op in self.by_value
             row.exact_shapes = sorted(self.exact_only.get(op, ()))
+            row.compile_s = self.compile_s.get(op, 0.0)
+            row.not_compiled = sorted(self.uncompiled.get(op, ()))
         return Report([rows[op] for op in sorted(rows, key=str)])
 
 
@@ -153,6 +168,9 @@ class OpRow:
     family: int = 0  # hits answered by a shape-generic kernel for a new exact key
     loaded: int = 0  # hits answered by a kernel loaded from the persistent cache
     exact_shapes: list = field(default_factory=list)  # why some calls kept exact-shape kernels
+    compiled: int = 0  # hits answered by a compiled kernel (compile=)
+    compile_s: float = 0.0  # seconds spent compiling this op's kernels
+    not_compiled: list = field(default_factory=list)  # why some of its kernels stay on replay (compile=)
 
     def add(self, route: Route, reason, cache, n: int) -> None:
         """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
@@ -166,6 +184,7 @@ class OpRow:
             self.lifted = self.lifted or reason == LIFTED
             self.family += n if reason == FAMILY else 0
             self.loaded += n if reason == DISK else 0
+            self.compiled += n if reason == COMPILED else 0
         elif route is Route.TRACE:
             self.traces += n
         elif route is Route.PASSTHROUGH:
@@ -229,6 +248,9 @@ class Report:
             if r.by_value:
                 notes.append("float args keyed by value")
             notes += [f"exact shapes: {why}" for why in r.exact_shapes]
+            if r.compiled:
+                notes.append(f"compiled x{r.compiled} ({r.compile_s:.2f} s to compile)")
+            notes += [f"not compiled: {why}" for why in r.not_compiled]
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:

@@ -10,6 +10,11 @@ each output aliases (and whether it *is* an input object), and the state of
 every input afterwards (in-place and out= writes). For float64 samples of
 differentiable ops the gradients, computed through the mode, are compared too.
 
+``EAGERDECOMP_CONFORMANCE_COMPILE=inductor`` (or :func:`compiled`) runs the mode
+with ``compile=``: each sample is first run on copies until its kernels are
+compiled, so the compared call is answered by the compiled code (values judged
+against float64 as for any approximation; everything else exactly).
+
 Classes (:data:`CLASSES`):
 
 ``pass``            decomposed (or bypassed) and eager-exact;
@@ -21,7 +26,9 @@ Classes (:data:`CLASSES`):
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -42,6 +49,8 @@ CLASSES = ("pass", "pass-native", "unsupported", "wrong", "error")
 VARIANTS = ("fn", "inplace", "out", "grad")
 
 OPSET = "core_aten"
+# None, or the mode's compile= (then every sample warms up until its kernels are compiled)
+COMPILE = os.environ.get("EAGERDECOMP_CONFORMANCE_COMPILE") or None
 SEED = 1234
 # a sample that runs longer than this under the mode is a hang, not a slow pass
 SAMPLE_TIMEOUT_S = 120
@@ -163,10 +172,47 @@ def _run_native(fn, args):
     return out, rec
 
 
+@contextlib.contextmanager
+def compiled(compile="inductor"):
+    """Within it, samples run under ``EagerDecompMode(OPSET, compile=compile)``, compiled
+    on their first replay whatever their size (so small OpInfo samples compile too)."""
+    import eagerdecomp.compiled as c
+
+    global COMPILE
+    saved = COMPILE, c.AFTER, c.MIN_NUMEL
+    COMPILE, c.AFTER, c.MIN_NUMEL = compile, 0, 0
+    try:
+        yield
+    finally:
+        COMPILE, c.AFTER, c.MIN_NUMEL = saved
+
+
+def _mode():
+    return ed.EagerDecompMode(OPSET, compile=COMPILE)
+
+
+def _warm(call, args):
+    """Under compile=: run on copies until the call's kernels are compiled (trace, then a
+    replay that compiles), so the compared call runs the compiled code."""
+    if COMPILE is None:
+        return
+    import eagerdecomp.compiled as c
+
+    for _ in range(c.AFTER + 2):
+        copies = copy_args(args)  # outside the mode: copying is not the op under test
+        try:
+            torch.manual_seed(SEED)
+            with _mode():
+                call(copies)
+        except Exception:  # noqa: BLE001 - the compared call meets the same error, and classifies it
+            return
+
+
 def _run_mode(fn, args):
     """``(output, mode, recorder)``; exceptions propagate."""
+    _warm(lambda a: _call(fn, a), args)
     torch.manual_seed(SEED)
-    with RecordingMode() as rec, ed.EagerDecompMode(OPSET) as mode:
+    with RecordingMode() as rec, _mode() as mode:
         out = _call(fn, args)
     return out, mode, rec
 
@@ -303,7 +349,10 @@ def _classify_exception(e, variant) -> Outcome:
 def _passed(mode, variant, **kw) -> Outcome:
     rows = mode.report().rows
     native_only = all(r.route == "passthrough" for r in rows)
-    return Outcome("pass-native" if native_only else "pass", variant, **kw)
+    out = Outcome("pass-native" if native_only else "pass", variant, **kw)
+    if any(r.compiled for r in rows):
+        out.notes.append("compiled")
+    return out
 
 
 def _leaked(rec) -> str | None:
@@ -446,7 +495,12 @@ def run_grad(fn, sample_args, process) -> Outcome | None:
         return None
     try:
         with _Timer(SAMPLE_TIMEOUT_S):
-            with RecordingMode() as rec, ed.EagerDecompMode(OPSET) as mode:
+            def backward(a):
+                outs, leaves = _grads(fn, a, process)[0]
+                torch.autograd.grad(outs, leaves, [w.detach() for w in weights], allow_unused=True)
+
+            _warm(backward, sample_args)
+            with RecordingMode() as rec, _mode() as mode:
                 pair, _ = _grads(fn, got_args, process)
                 outs, leaves = pair
                 got = torch.autograd.grad(outs, leaves, [w.detach() for w in weights], allow_unused=True)

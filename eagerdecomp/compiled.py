@@ -1,0 +1,345 @@
+"""Per-op compiled kernels: a cached kernel's graph handed once to a graph compiler.
+
+Replay runs a decomposition's core ops one by one, so a chain of pointwise ops
+costs a pass over memory each. ``compile=`` fuses them: after a key has been
+replayed :data:`AFTER` times, its kernel's FX graph goes to the compiler
+(``"inductor"``: PyTorch's Inductor on the graph itself, no dynamo; or your own
+``compiler(graph_module, example_inputs) -> callable``, as a ``torch.compile``
+backend takes), the compiled callable is checked against replay on that call,
+and answers the key's later calls. The same callable can serve
+``compile_backend(compiler=...)``, so one compiler handles compiled graphs,
+graph breaks and eager ops.
+
+It never loses: a kernel that cannot gain or cannot be shown exact stays on
+replay, with its reason in the report (``not compiled: ...``), and a compiler
+that fails warns once per op. Compiled per exact key: the call's own inputs are
+the compiler's example inputs, so nothing shape-generic has to be trusted to a
+compiler that does not check guards; a shape seen fewer than :data:`AFTER`
+times never pays a compile.
+
+Example::
+
+    >>> import torch, eagerdecomp as ed
+    >>> seen = []
+    >>> def my_compiler(gm, example_inputs):   # a backend's graph compiler
+    ...     seen.append(len(gm.graph.nodes))
+    ...     return gm.forward
+    >>> x, y = torch.randn(64), torch.randn(64)
+    >>> with ed.EagerDecompMode("core_aten", compile=my_compiler) as m:
+    ...     for _ in range(5):
+    ...         z = torch.logaddexp(x, y)
+    >>> len(seen), m.report().row("aten.logaddexp.default").compiled
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._ops import OpOverload
+from torch.utils._pytree import tree_unflatten
+
+from .errors import UnsupportedArgumentError
+from .observe import log
+
+__all__ = ["Compiler", "compiler_for", "plan", "AFTER", "clear"]
+
+# Replays of a key before it is compiled: a key seen once (a shape that changes every call)
+# never pays seconds of compilation. EAGERDECOMP_COMPILE_AFTER overrides it.
+AFTER = int(os.environ.get("EAGERDECOMP_COMPILE_AFTER", "2"))
+# Below both of these a kernel stays on replay (see worth()).
+MIN_OPS = 3
+MIN_NUMEL = 1 << 14
+# Compiled keys per compiler: past this, new keys stay on replay (memory, not correctness).
+MAX_COMPILED = 4096
+
+
+@dataclass(frozen=True)
+class Declined:
+    """Why a kernel (or a key) is not compiled: data, remembered, never retried."""
+
+    reason: str
+
+
+class Compiled:
+    """A compiled kernel for one exact key: called like :class:`~eagerdecomp.replay.Kernel`."""
+
+    __slots__ = ("fn", "kernel", "checks", "seconds")
+
+    def __init__(self, fn, kernel, checks, seconds: float):
+        self.fn, self.kernel, self.checks, self.seconds = fn, kernel, checks, seconds
+
+    def __call__(self, inputs):
+        for check, (args, kwargs) in self.checks:
+            pick = lambda a: inputs[a.index] if type(a) is _In else a  # noqa: E731
+            check(*_fill(args, pick), **_fill(kwargs, pick))
+        flat = self.fn(*inputs)
+        k = self.kernel
+        for message, category in k.warnings:
+            warnings.warn(message, category, stacklevel=3)
+        return flat[0] if k.single else tree_unflatten(list(flat), k.spec)
+
+
+def _views(op) -> bool:
+    return any(a.alias_info is not None and not a.alias_info.is_write for a in op._schema.returns)
+
+
+@dataclass(frozen=True)
+class _In:
+    """A check's argument that is the kernel's ``index``-th input."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What is handed to the compiler: the kernel's graph without its Python checks, the
+    checks to run before each compiled call, and how much work fusion can save."""
+
+    module: torch.fx.GraphModule
+    checks: tuple  # (fn, args) with _In placeholders, run on every call before the compiled code
+    compute: int  # ops that are not views: fusion saves a memory pass (and a call) each
+    mutates: bool  # writes an input (in-place, out=): checked on copies, identity kept
+
+
+def plan(kernel) -> Plan | Declined:
+    """Split ``kernel``'s graph for a compiler, or say why it is not worth or not safe to compile.
+
+    NOTE: views stay on replay (their output must share the input's memory, and there is
+    nothing to fuse); so do random kernels (a compiler does not keep eagerdecomp's stream).
+    Python nodes that compute sizes are traced by the compiler like any other code; Python
+    checks with no result (eager's overlap rules for in-place and out=) must run on every
+    call, so they are taken out of the graph and run before the compiled code.
+    """
+    if kernel.random:
+        return Declined("draws random numbers (keeps eagerdecomp's stream)")
+    graph = torch.fx.Graph()
+    env, checks, index = {}, [], {}
+    compute, mutates = 0, False
+    for node in kernel.module.graph.nodes:
+        if node.op == "placeholder":
+            index[node] = len(index)
+        elif node.op == "call_function" and not isinstance(node.target, OpOverload) and not node.users:
+            checks.append((node.target, torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _In(index[n]))))
+            continue
+        elif node.op == "call_function" and isinstance(node.target, OpOverload):
+            target = node.target
+            if target._schema.is_mutable:
+                if target is not torch.ops.aten.copy_.default or node.args[0].op != "placeholder":
+                    return Declined(f"mutates with {target} (only a final copy_ into an input is compiled)")
+                mutates = True
+                compute += 1  # the write is a memory pass fusion can fold into the compute
+            elif not _views(target):
+                compute += 1
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    if compute < 2:
+        return Declined("one op: nothing to fuse")
+    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), compute, mutates)
+
+
+def worth(p: Plan, inputs) -> bool:
+    """Whether fusion beats replay for this call's sizes (measured with bench/micro.py).
+
+    NOTE: a compiled call has a fixed cost of a few microseconds on CPU, about what replay
+    spends on two small ops; so a short graph on small tensors stays on replay, and
+    anything longer, or on tensors large enough for memory traffic to dominate, compiles.
+    """
+    return p.compute >= MIN_OPS or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
+
+
+def _fill(tree, pick):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(pick, tree, is_leaf=lambda a: type(a) is _In)
+
+
+def _copies(inputs):
+    """Inputs with every tensor copied, strides kept (to run a mutating kernel without effect)."""
+    out = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            out.append(c.copy_(t))
+        else:
+            out.append(t)
+    return out
+
+
+def _inductor(gm, example_inputs):
+    import contextlib
+
+    from .disk import enabled as disk_enabled
+    from .paths import cache_dir
+
+    options, caches = None, contextlib.nullcontext()
+    if not disk_enabled():
+        import torch._functorch.config as functorch_config
+
+        options, caches = {"fx_graph_cache": False}, functorch_config.patch(enable_autograd_cache=False)
+    else:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # NOTE: Inductor's own on-disk caches (FX graphs, compiled code) keep a second process
+        # from recompiling; under our root they move and clear with every other cache of ours.
+        # A directory the user gave Inductor wins; its default (which torch writes into the
+        # environment on first use, tracing included) does not.
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir("inductor"))
+    import torch._inductor
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    # NOTE: fake example inputs with a ShapeEnv (every size static): Inductor's FX graph
+    # cache keys on the shape environment and bypasses graphs compiled from real tensors.
+    fake = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+    inputs = [fake.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    with torch.no_grad(), caches:
+        return torch._inductor.compile(gm, inputs, options=options)
+
+
+def _resolve(compile) -> tuple:
+    if compile == "inductor":
+        return "inductor", _inductor
+    if callable(compile):
+        return getattr(compile, "__name__", type(compile).__name__), compile
+    raise UnsupportedArgumentError(
+        f"compile must be None, 'inductor' or a callable compiler(graph_module, example_inputs) -> callable, "
+        f"got {compile!r}"
+    )
+
+
+def _check(got, want, got_in, want_in) -> str | None:
+    """Why a compiled kernel's outputs may not stand in for replay's (None: they may).
+    ``got_in``/``want_in``: the inputs each ran on (a written input must come back as itself)."""
+    got, want = list(got), list(want)
+    if len(got) != len(want):
+        return f"returned {len(got)} outputs, replay {len(want)}"
+    for g, w in zip(got, want):
+        same = [i for i, t in enumerate(want_in) if t is w]
+        if same and not any(got_in[i] is g for i in same):
+            return "returned a new tensor where replay returns its input object"
+        if not isinstance(w, torch.Tensor):
+            if g != w:
+                return f"returned {g!r}, replay {w!r}"
+            continue
+        if not isinstance(g, torch.Tensor):
+            return f"returned a {type(g).__name__} where replay returns a tensor"
+        meta = lambda t: (t.dtype, t.shape, t.device, t.stride() if t.numel() > 1 else None)  # noqa: E731
+        if meta(g) != meta(w):
+            return f"returned {meta(g)}, replay {meta(w)} (dtype, shape, device, strides)"
+        try:
+            # NOTE: fusion may round differently (no intermediate rounding, other vector math):
+            # within assert_close's default tolerance for the dtype it may stand in; beyond it,
+            # it is a different answer, and the op stays on replay.
+            torch.testing.assert_close(g, w, equal_nan=True, check_stride=False)
+        except AssertionError as e:
+            return f"values differ from replay ({str(e).splitlines()[0].strip()})"
+    return None
+
+
+class Compiler:
+    """Compiled kernels of one compiler over one kernel cache: key -> :class:`Compiled` or :class:`Declined`."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.name, self.fn = name, fn
+        self._table: dict = {}  # key -> Compiled | Declined; read without a lock
+        self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
+        self._kernels: dict = {}  # id(kernel) -> (kernel, Declined | None): a kernel's own verdict
+        self._busy: set = set()  # keys being compiled: other threads replay meanwhile
+        self._lock = threading.Lock()
+        self._warned: set = set()
+
+    def lookup(self, key, kernel, inputs, stats):
+        """The compiled callable for this call, compiling it when the policy says so; or None (replay)."""
+        if kernel.ints or any(not isinstance(t, torch.Tensor) for t in inputs):
+            # NOTE: lifted floats and int arguments are kernel inputs the key leaves out; a
+            # compiler given them as example values may bake them in. Key those by value.
+            key = (key, tuple(t for t in inputs if not isinstance(t, torch.Tensor)))
+        entry = self._table.get(key)
+        if entry is not None:
+            return entry if type(entry) is Compiled else None
+        n = self._hits.get(key, 0) + 1
+        self._hits[key] = n
+        if n <= AFTER:
+            return None
+        with self._lock:
+            if key in self._busy or key in self._table:
+                return None
+            self._busy.add(key)
+        try:
+            entry = self._make(kernel, inputs, stats)
+        finally:
+            with self._lock:
+                self._busy.discard(key)
+                if len(self._table) < MAX_COMPILED:
+                    self._table[key] = entry
+                self._hits.pop(key, None)
+        return None  # this call replays: its result was the reference the compiled one was checked on
+
+    def _make(self, kernel, inputs, stats):
+        verdict = self._kernels.get(id(kernel))
+        if verdict is None or verdict[0] is not kernel:
+            verdict = self._kernels[id(kernel)] = (kernel, plan(kernel))
+        p = verdict[1]
+        if type(p) is Declined:
+            stats.not_compiled(kernel.op, p.reason)
+            return p
+        if not worth(p, inputs):
+            stats.not_compiled(kernel.op, f"replay is as fast at this size (< {MIN_OPS} ops, < {MIN_NUMEL} elements)")
+            return Declined("small")
+        mine, theirs = (_copies(inputs), _copies(inputs)) if p.mutates else (list(inputs), list(inputs))
+        t0 = time.perf_counter()
+        try:
+            fn = self.fn(p.module, _copies(inputs) if p.mutates else list(inputs))
+            got = fn(*mine)
+        except Exception as e:  # noqa: BLE001 - any compiler failure falls back to replay
+            return self._decline(kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        seconds = time.perf_counter() - t0
+        bad = _check(got if isinstance(got, (list, tuple)) else [got], kernel.fn(*theirs), mine, theirs)
+        if bad:
+            return self._decline(kernel, stats, f"{self.name} {bad}")
+        log.info("%s: compiled by %s in %.2f s", kernel.op, self.name, seconds)
+        stats.compiled(kernel.op, seconds)
+        return Compiled(fn, kernel, p.checks, seconds)
+
+    def _decline(self, kernel, stats, reason):
+        if kernel.op not in self._warned:
+            self._warned.add(kernel.op)
+            warnings.warn(f"eagerdecomp: {kernel.op} stays on replay: {reason}", RuntimeWarning, stacklevel=5)
+        stats.not_compiled(kernel.op, reason)
+        return Declined(reason)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._table.clear()
+            self._hits.clear()
+            self._kernels.clear()
+
+
+_COMPILERS: dict = {}  # (id(kernel cache), compiler name, fn) -> Compiler
+_LOCK = threading.Lock()
+
+
+def compiler_for(cache, compile) -> Compiler | None:
+    """The process-wide :class:`Compiler` of ``compile`` over ``cache`` (None for ``compile=None``)."""
+    if compile is None:
+        return None
+    name, fn = _resolve(compile)
+    with _LOCK:
+        c = _COMPILERS.get((id(cache), name, fn))
+        if c is None:
+            c = _COMPILERS[id(cache), name, fn] = Compiler(name, fn)
+        return c
+
+
+def clear() -> None:
+    """Forget every compiled kernel (with :func:`eagerdecomp.cache_clear`)."""
+    with _LOCK:
+        for c in _COMPILERS.values():
+            c.clear()

@@ -1,0 +1,233 @@
+"""compile=: hot kernels handed to a graph compiler, never at the cost of exactness."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+import eagerdecomp.compiled as compiled
+from eagerdecomp.errors import BackendError, UnsupportedArgumentError
+from eagerdecomp.testing import RecordingMode
+
+aten = torch.ops.aten
+
+
+class Counting:
+    """A graph compiler that runs the graph as it is, and remembers what it was given."""
+
+    def __init__(self, wrong=False, fail=False):
+        self.graphs, self.wrong, self.fail = [], wrong, fail
+        self.__name__ = "counting"
+
+    def __call__(self, gm, example_inputs):
+        if self.fail:
+            raise RuntimeError("no kernel for this graph")
+        self.graphs.append(gm)
+        if self.wrong:
+            return lambda *a: [o + 1 for o in gm.forward(*a)]
+        return gm.forward
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ed.cache_clear()
+    yield
+    ed.cache_clear()
+
+
+def _calls(mode, fn, n):
+    with mode:
+        return [fn() for _ in range(n)][-1]
+
+
+def test_a_hot_kernel_is_compiled_once_and_answers_later_calls():
+    c = Counting()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    got = _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 5)
+    row = mode.report().row(aten.logaddexp.default)
+    assert len(c.graphs) == 1
+    assert row.compiled == 3 and row.hits == compiled.AFTER + 4  # compiled calls are hits too
+    with ed.EagerDecompMode("core_aten"):
+        replayed = torch.logaddexp(x, y)
+    assert torch.equal(got, replayed)  # the compiler here runs the graph as it is
+    assert "compiled x3" in str(mode.report())
+
+
+def test_only_opset_ops_reach_below_a_compiled_kernel():
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=Counting())
+    _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 2)
+    with RecordingMode() as rec, mode:
+        torch.logaddexp(x, y)
+    assert mode.report().row(aten.logaddexp.default).compiled == 1
+    assert rec.outside("core_aten") == []
+
+
+def test_a_key_seen_less_often_than_the_policy_never_compiles():
+    c = Counting()
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    with mode:
+        for n in range(1, 8):  # a new shape every call: dynamic padding
+            torch.logaddexp(torch.randn(n), torch.randn(n))
+    assert c.graphs == []
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x: torch.nn.functional.silu(x), "replay is as fast at this size"),  # 2 ops on 64 elements
+    (lambda x: x.t(), "one op: nothing to fuse"),
+    (lambda x: torch.nn.functional.dropout(x, 0.5, training=True), "draws random numbers"),
+])
+def test_kernels_that_cannot_gain_or_cannot_be_exact_stay_on_replay(fn, reason):
+    c = Counting()
+    x = torch.randn(8, 8)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    _calls(mode, lambda: fn(x), compiled.AFTER + 3)
+    rows = [r for r in mode.report().rows if r.not_compiled]
+    assert c.graphs == [] and rows and any(reason in why for r in rows for why in r.not_compiled), mode.report()
+
+
+def test_a_long_graph_on_large_tensors_qualifies():
+    x = torch.randn(1 << 14)
+    c = Counting()
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    _calls(mode, lambda: torch.nn.functional.silu(x), compiled.AFTER + 3)
+    assert len(c.graphs) == 1  # 2 ops, but a memory pass saved on 16K elements
+
+
+def test_in_place_keeps_identity_writes_and_eagers_overlap_error():
+    c = Counting()
+    y = torch.randn(1 << 14)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    xs = [torch.randn(1 << 14) for _ in range(compiled.AFTER + 3)]
+    with mode:
+        outs = [x.add_(y, alpha=2) for x in xs]
+    assert len(c.graphs) == 1 and mode.report().row(aten.add_.Tensor).compiled == 1
+    assert outs[-1] is xs[-1]
+    x = torch.randn(1 << 14)
+    want = x + 2 * y
+    with mode:
+        assert x.add_(y, alpha=2) is x
+    torch.testing.assert_close(x, want)
+    # eager's overlap rule still runs before the compiled code: an input overlapping the output
+    base = torch.randn(1 << 14 + 1)
+    with pytest.raises(RuntimeError) as native:
+        base[1:].add_(base[:-1])
+    with mode, pytest.raises(RuntimeError) as ours:
+        base[1:].add_(base[:-1], alpha=1)
+    assert str(native.value).split(".")[0] in str(ours.value)
+
+
+def test_lifted_floats_are_compiled_per_value():
+    c = Counting()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    _calls(mode, lambda: torch.lerp(x, y, 0.3), compiled.AFTER + 3)
+    got = _calls(mode, lambda: torch.lerp(x, y, 0.7), compiled.AFTER + 3)
+    torch.testing.assert_close(got, torch.lerp(x, y, 0.7))
+    assert len(c.graphs) == 2
+
+
+def test_a_failing_compiler_warns_once_per_op_and_replay_answers():
+    c = Counting(fail=True)
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 4)
+        _calls(mode, lambda: torch.logaddexp(x[:32], y[:32]), compiled.AFTER + 4)
+    mine = [str(m.message) for m in w if "stays on replay" in str(m.message)]
+    assert len(mine) == 1 and "counting failed: RuntimeError: no kernel for this graph" in mine[0]
+    torch.testing.assert_close(got, torch.logaddexp(x, y))
+    assert mode.report().row(aten.logaddexp.default).compiled == 0
+
+
+def test_a_compiler_that_changes_values_is_refused():
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=Counting(wrong=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 4)
+    torch.testing.assert_close(got, torch.logaddexp(x, y))
+    row = mode.report().row(aten.logaddexp.default)
+    assert row.compiled == 0 and any("values differ from replay" in r for r in row.not_compiled)
+
+
+def test_cache_clear_forgets_compiled_kernels():
+    c = Counting()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 2)
+    ed.cache_clear()
+    _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 2)
+    assert len(c.graphs) == 2
+
+
+def test_bad_compile_arguments_are_refused():
+    with pytest.raises(UnsupportedArgumentError, match="compile must be None, 'inductor' or a callable"):
+        ed.EagerDecompMode("core_aten", compile="tvm")
+    from eagerdecomp.refdev import reference_device
+
+    reference_device()
+    with pytest.raises(BackendError, match="Inductor generates no code for this device"):
+        ed.enable("edref", compile="inductor")
+
+
+def test_device_switch_compiles_with_the_device_teams_compiler():
+    from eagerdecomp.refdev import reference_device
+
+    reference_device()
+    c = Counting()
+    backend = ed.enable("edref", compile=c)
+    try:
+        x, y = torch.randn(64), torch.randn(64)
+        xd, yd = x.to("edref"), y.to("edref")
+        for _ in range(compiled.AFTER + 3):
+            got = torch.logaddexp(xd, yd)
+        assert len(c.graphs) == 1 and backend.report().row(aten.logaddexp.default).compiled == 1
+        torch.testing.assert_close(got.cpu(), torch.logaddexp(x, y))
+    finally:
+        ed.disable("edref")
+
+
+def test_inductor_fused_kernel_matches_eager():
+    x, y = torch.randn(4, 64), torch.randn(4, 64).t().contiguous().t()  # a strided input
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    got = _calls(mode, lambda: torch.nn.functional.huber_loss(x, y, reduction="none"), compiled.AFTER + 3)
+    want = torch.nn.functional.huber_loss(x, y, reduction="none")
+    assert mode.report().row(aten.huber_loss.default).compiled == 1, mode.report()
+    assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    torch.testing.assert_close(got, want)
+
+
+_SECOND = """
+import torch, eagerdecomp as ed
+from torch._dynamo.utils import counters
+x, y = torch.randn(256), torch.randn(256)
+m = ed.EagerDecompMode("core_aten", compile="inductor")
+with m:
+    for _ in range(6):
+        torch.logaddexp(x, y)
+assert m.report().row(torch.ops.aten.logaddexp.default).compiled
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_compiled_code_is_cached_on_disk_for_the_next_process(tmp_path):
+    env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(tmp_path), EAGERDECOMP_DISK_CACHE="1")
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", _SECOND], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return tuple(map(int, out.stdout.split()[-2:]))
+
+    assert run() == (0, 1)  # compiled, and written under EAGERDECOMP_CACHE_DIR
+    assert (tmp_path / "inductor").is_dir()
+    assert run() == (1, 0)  # the next process loads it
