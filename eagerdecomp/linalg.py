@@ -31,20 +31,21 @@ def _arange(n, like):
 
 
 def _lu(A):
-    """``(LU, pivots int32 1-based, sign of the permutation, info int32)`` of a batch of square matrices."""
-    n = A.shape[-1]
+    """``(LU, pivots int32 1-based, sign of the permutation, info int32)`` of a batch of
+    (m, n) matrices: min(m, n) steps, getrf's pivots and info."""
+    m, n = A.shape[-2], A.shape[-1]
     batch = list(A.shape[:-2])
-    idx = _arange(n, A)
+    idx, cidx = _arange(m, A), _arange(n, A)
     pivots, sign = [], aten.full.default(batch, 1, dtype=A.dtype, device=A.device)
     info = aten.full.default(batch, 0, dtype=torch.int32, device=A.device)
     rows = aten.unsqueeze.default(idx, 1)
-    cols = aten.unsqueeze.default(idx, 0)
-    for k in range(n):
-        column = aten.abs.default(aten.select.int(A, -1, k))  # [..., n]
+    cols = aten.unsqueeze.default(cidx, 0)
+    for k in range(min(m, n)):
+        column = aten.abs.default(aten.select.int(A, -1, k))  # [..., m]
         column = aten.where.self(aten.lt.Scalar(idx, k), aten.full_like.default(column, -1), column)
         p = aten.argmax.default(column, -1, True)  # [..., 1]: the first largest, rows >= k
         swap = aten.where.self(aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx))
-        A = aten.gather.default(A, -2, aten.expand.default(aten.unsqueeze.default(swap, -1), [*batch, n, n]))
+        A = aten.gather.default(A, -2, aten.expand.default(aten.unsqueeze.default(swap, -1), [*batch, m, n]))
         pivots.append(aten.add.Tensor(p, 1))
         sign = aten.where.self(aten.squeeze.dim(aten.eq.Scalar(p, k), -1), sign, aten.neg.default(sign))
         pivot = aten.select.int(aten.select.int(A, -1, k), -1, k)  # [...]
@@ -53,11 +54,12 @@ def _lu(A):
         below = aten.gt.Scalar(idx, k)
         l = aten.div.Tensor(aten.select.int(A, -1, k), aten.unsqueeze.default(aten.where.self(zero, aten.ones_like.default(pivot), pivot), -1))
         l = aten.where.self(aten.logical_and.default(below, aten.logical_not.default(aten.unsqueeze.default(zero, -1))), l, aten.zeros_like.default(l))
-        u = aten.where.self(below, aten.select.int(A, -2, k), aten.zeros_like.default(l))
+        urow = aten.select.int(A, -2, k)
+        u = aten.where.self(aten.gt.Scalar(cidx, k), urow, aten.zeros_like.default(urow))
         A = aten.sub.Tensor(A, aten.mul.Tensor(aten.unsqueeze.default(l, -1), aten.unsqueeze.default(u, -2)))
         keep_l = aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k))
         A = aten.where.self(aten.logical_and.default(keep_l, aten.logical_not.default(aten.view.default(zero, [*batch, 1, 1]))), aten.unsqueeze.default(l, -1), A)
-    piv = aten._to_copy.default(aten.cat.default(pivots, -1), dtype=torch.int32) if n else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
+    piv = aten._to_copy.default(aten.cat.default(pivots, -1), dtype=torch.int32) if pivots else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
     return A, piv, sign, info
 
 
@@ -97,10 +99,57 @@ def linalg_slogdet(A):
 
 @project_decomposition(aten.linalg_lu_factor_ex.default)
 def linalg_lu_factor_ex(A, pivot=True, check_errors=False):
-    if not _square(A) or not pivot or check_errors:
+    # NOTE: eager has no unpivoted LU on the CPU (it raises): declined
+    if A.dim() < 2 or A.dtype not in _FLOATS or not pivot:
         return NotImplemented
     LU, piv, _, info = _lu(A)
+    if check_errors:  # reads info (the bypass path): the LU is given eager's strides here
+        aten._linalg_check_errors.default(info, "torch.linalg.lu_factor_ex", is_matrix=A.dim() == 2)
+        LU = aten.transpose.int(aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1)
     return LU, piv, info
+
+
+def _permutation(piv, m, like):
+    """``P`` (dtype of ``like``) with ``A = P L U`` for getrf's 1-based row swaps ``piv``."""
+    batch = list(piv.shape[:-1])
+    order = _apply_pivots(aten.unsqueeze.default(aten.expand.default(_arange(m, like), [*batch, m]), -1), piv)
+    order = aten.squeeze.dim(order, -1)  # row j of P^T A is row order[j] of A
+    P = aten.eq.Tensor(aten.unsqueeze.default(_arange(m, like), -1), aten.unsqueeze.default(order, -2))
+    return aten._to_copy.default(P, dtype=like.dtype)
+
+
+def _unpack(LU, piv, unpack_data=True, unpack_pivots=True):
+    m, n = LU.shape[-2], LU.shape[-1]
+    k = min(m, n)
+    def empty():
+        return aten.full.default([0], 0, dtype=LU.dtype, device=LU.device)
+
+    P = _permutation(piv, m, LU) if unpack_pivots else empty()
+    if not unpack_data:
+        return P, empty(), empty()
+    L = aten.tril.default(aten.slice.Tensor(LU, -1, 0, k), -1)
+    L = aten.add.Tensor(L, aten.eye.m(m, k, dtype=LU.dtype, device=LU.device))
+    U = aten.triu.default(aten.slice.Tensor(LU, -2, 0, k))
+    return P, L, U
+
+
+@project_decomposition(aten.lu_unpack.default)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    # NOTE: P, L and U from getrf's compact form: L is the strict lower part plus the unit
+    # diagonal, U the upper part, P the row swaps applied in order to the identity.
+    if LU_data.dim() < 2 or LU_data.dtype not in _FLOATS or LU_pivots.shape[:-1] != LU_data.shape[:-2]:
+        return NotImplemented
+    if LU_pivots.shape[-1] != min(LU_data.shape[-2:]) or LU_pivots.dtype != torch.int32:
+        return NotImplemented
+    return _unpack(LU_data, LU_pivots, unpack_data, unpack_pivots)
+
+
+@project_decomposition(aten.linalg_lu.default)
+def linalg_lu(A, *, pivot=True):
+    if A.dim() < 2 or A.dtype not in _FLOATS or not pivot:
+        return NotImplemented
+    LU, piv, _, _ = _lu(A)
+    return _unpack(LU, piv)
 
 
 def _apply_pivots(B, piv):
@@ -157,8 +206,11 @@ def _lu_solve(LU, piv, B, adjoint=False):
 
 @project_decomposition(aten.linalg_lu_solve.default)
 def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
-    if not left or LU.dtype not in _FLOATS:
+    if LU.dtype not in _FLOATS or B.dtype != LU.dtype:
         return NotImplemented
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        B = aten.transpose.int(B, -2, -1)
+        return aten.transpose.int(linalg_lu_solve(LU, pivots, B, left=True, adjoint=not adjoint), -2, -1)
     batch = list(torch.broadcast_shapes(LU.shape[:-2], B.shape[:-2]))
     LU = aten.expand.default(LU, [*batch, *LU.shape[-2:]])
     pivots = aten.expand.default(pivots, [*batch, pivots.shape[-1]])
@@ -224,7 +276,8 @@ def fortran_out(op, functional, fortran):
     """Register the out= form of a LAPACK-style ``op``.
 
     NOTE: eager resizes an out whose shape differs to batched column-major strides (for the
-    outputs flagged in ``fortran``; pivots and info stay row-major) and keeps the strides of one
+    outputs flagged in ``fortran``, a tuple or a function of the arguments; pivots and info stay
+    row-major) and keeps the strides of one
     whose shape is right, copying the result in; the generic out= rule resizes row-major.
     """
     names = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
@@ -236,7 +289,8 @@ def fortran_out(op, functional, fortran):
         result = result if isinstance(result, (tuple, list)) else (result,)
         if len(result) != len(outs) or any(o.dtype != r.dtype or o.device != r.device for o, r in zip(outs, result)):
             return NotImplemented
-        for out, res, f in zip(outs, result, fortran):
+        flags = fortran(*args, **kwargs) if callable(fortran) else fortran
+        for out, res, f in zip(outs, result, flags):
             if out.shape != res.shape:
                 resize_out(out, res.shape)
                 if f:
@@ -249,4 +303,5 @@ def fortran_out(op, functional, fortran):
 
 fortran_out(aten.linalg_inv_ex.inverse, aten.linalg_inv_ex.default, (True, False))
 fortran_out(aten.linalg_lu_factor_ex.out, aten.linalg_lu_factor_ex.default, (True, False, False))
-fortran_out(aten.linalg_lu_solve.out, aten.linalg_lu_solve.default, (True,))
+# a right solve is the transpose of a left one: its result, and a resized out, are row-major
+fortran_out(aten.linalg_lu_solve.out, aten.linalg_lu_solve.default, lambda *a, left=True, **k: (left,))

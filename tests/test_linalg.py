@@ -75,3 +75,107 @@ def test_det_gradient():
     with ed.EagerDecompMode("core_aten"):
         got = torch.autograd.grad(torch.linalg.det(A).sum(), A)[0]
     torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+def _exact_meta(want, got):
+    for w, g in zip(want, got):
+        assert (w.dtype, w.shape) == (g.dtype, g.shape)
+        assert w.numel() <= 1 or w.stride() == g.stride(), (w.stride(), g.stride())
+
+
+def _more(dtype):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(3, 4, 4, dtype=dtype, generator=g)
+    P = X @ X.mT + torch.eye(4, dtype=dtype)  # positive definite
+    L = torch.linalg.cholesky(P)
+    T = torch.randn(4, 4, dtype=dtype, generator=g) + 4 * torch.eye(4, dtype=dtype)  # well-conditioned triangles
+    B = torch.randn(3, 4, 2, dtype=dtype, generator=g)
+    N = P.clone()
+    N[1, 2, 2] -= 100  # batch element 1 not positive-definite (leading minor 3)
+    R = torch.randn(2, 5, 3, dtype=dtype, generator=g)
+    return dict(P=P, L=L, T=T, B=B, N=N, R=R, W=R.mT.contiguous())
+
+
+def _out(fn, *shapes):
+    def call(*args):
+        outs = tuple(torch.empty(0, dtype=d) for d in shapes)
+        fn(*args, out=outs if len(outs) > 1 else outs[0])
+        return outs
+    return call
+
+
+MORE = {
+    "cholesky": lambda m: (torch.linalg.cholesky, m["P"]),
+    "cholesky upper": lambda m: (lambda A: torch.linalg.cholesky(A, upper=True), m["P"]),
+    "cholesky_ex not PD": lambda m: (torch.linalg.cholesky_ex, m["N"]),
+    "cholesky_ex not PD upper": lambda m: (lambda A: torch.linalg.cholesky_ex(A, upper=True), m["N"]),
+    "cholesky_ex out": lambda m: (_out(torch.linalg.cholesky_ex, m["P"].dtype, torch.int32), m["P"]),
+    "torch.cholesky": lambda m: (torch.cholesky, m["P"]),
+    "solve_triangular": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B, upper=True), m["T"], m["B"]),
+    "solve_triangular unit lower": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), m["T"], m["B"]),
+    "solve_triangular right": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B.mT, upper=True, left=False), m["T"], m["B"]),
+    "solve_triangular out": lambda m: (_out(lambda A, B, out: torch.linalg.solve_triangular(A, B, upper=False, out=out), m["T"].dtype), m["T"], m["B"]),
+    "triangular_solve": lambda m: (torch.triangular_solve, m["B"], m["T"]),
+    "triangular_solve transpose": lambda m: (lambda B, A: torch.triangular_solve(B, A, upper=False, transpose=True), m["B"], m["T"]),
+    "cholesky_solve": lambda m: (torch.cholesky_solve, m["B"], m["L"]),
+    "cholesky_solve upper": lambda m: (lambda B, U: torch.cholesky_solve(B, U, upper=True), m["B"], m["L"].mT),
+    "cholesky_inverse": lambda m: (torch.cholesky_inverse, m["L"]),
+    "cholesky_inverse upper": lambda m: (lambda U: torch.cholesky_inverse(U, upper=True), m["L"].mT),
+    "lu_factor tall": lambda m: (torch.linalg.lu_factor_ex, m["R"]),
+    "lu_factor wide": lambda m: (torch.linalg.lu_factor_ex, m["W"]),
+    "lu_factor out": lambda m: (_out(torch.linalg.lu_factor_ex, m["R"].dtype, torch.int32, torch.int32), m["P"]),
+    "linalg.lu tall": lambda m: (torch.linalg.lu, m["R"]),
+    "linalg.lu wide": lambda m: (torch.linalg.lu, m["W"]),
+    "lu_unpack": lambda m: (torch.lu_unpack, *torch.linalg.lu_factor(m["R"])),
+    "lu_unpack pivots only": lambda m: (lambda LU, p: torch.lu_unpack(LU, p, unpack_data=False), *torch.linalg.lu_factor(m["W"])),
+    "lu_solve right adjoint": lambda m: (lambda LU, p, B: torch.linalg.lu_solve(LU, p, B.mT, left=False, adjoint=True), *torch.linalg.lu_factor(m["P"]), m["B"]),
+    "lu_solve right out": lambda m: (_out(lambda LU, p, B, out: torch.linalg.lu_solve(LU, p, B.mT, left=False, out=out), m["P"].dtype), *torch.linalg.lu_factor(m["P"]), m["B"]),
+    "inv out": lambda m: (_out(torch.linalg.inv_ex, m["P"].dtype, torch.int32), m["P"]),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(MORE))
+def test_factorizations_match_lapack(dtype, name):
+    fn, *args = MORE[name](_more(dtype))
+    want, got = _both(fn, *args)
+    _exact_meta(want, got)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, **TOL[dtype]) if w.is_floating_point() else torch.testing.assert_close(g, w)
+
+
+def test_cholesky_failure_leaves_dpotf2s_partial_factor():
+    # NOTE: what MKL leaves for a non-positive-definite input (columns after the failing
+    # pivot as in the input, the failing pivot's value in place), at a few sizes up to 128
+    g = torch.Generator().manual_seed(2)
+    for n, bad in ((3, 1), (9, 4), (33, 32)):
+        X = torch.randn(n, n, dtype=torch.float64, generator=g)
+        A = X @ X.mT + torch.eye(n, dtype=torch.float64)
+        A[bad, bad] -= 1000
+        want, got = _both(torch.linalg.cholesky_ex, A)
+        assert got[1] == want[1] == bad + 1
+        torch.testing.assert_close(got[0], want[0], **TOL[torch.float64])
+
+
+def test_empty_and_batch_shapes():
+    for shape in [(0, 3, 3), (2, 0, 0), (3, 3)]:
+        P = torch.eye(3, dtype=torch.float64).expand(shape) if shape[-1] else torch.zeros(shape, dtype=torch.float64)
+        for fn in (torch.linalg.cholesky_ex, torch.linalg.lu_factor_ex, torch.linalg.lu, torch.cholesky_inverse):
+            want, got = _both(fn, P)
+            _exact_meta(want, got)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name,fn", [("linalg.cholesky", torch.linalg.cholesky), ("cholesky", torch.cholesky),
+                                     ("cholesky_ex", lambda A: torch.linalg.cholesky_ex(A, check_errors=True)),
+                                     ("lu_factor_ex", lambda A: torch.linalg.lu_factor_ex(A - A, check_errors=True))])
+@pytest.mark.parametrize("batched", [True, False])
+def test_not_positive_definite_raises_eagers_error(name, fn, batched):
+    N = _more(torch.float64)["N"]
+    M = N if batched else N[1]
+    with pytest.raises(RuntimeError) as want:
+        fn(M)
+    with ed.EagerDecompMode("core_aten"), pytest.raises(RuntimeError) as got:
+        fn(M)
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)

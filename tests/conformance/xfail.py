@@ -54,8 +54,6 @@ OUT_ONLY = 'an out= overload of a factory or composite op with no functional twi
 MISSING = "no decomposition in PyTorch's tables and none written here yet"
 DECLINED = "PyTorch's decomposition declines these arguments (it covers only some shapes)"
 
-SPACING = ("declined here at integer and 16-bit dtypes: torch's ref rounds once in the wide type, eager's "
-           "kernel per step in the result dtype, so their answers differ (see decomps.py)")
 STABLE_SORT = "a stable sort: Core ATen's sort makes no stability promise, so nothing in it guarantees one"
 # blockers met only by gradients, which the suite computes for float64 samples alone
 GRAD_ONLY = ("float64",)
@@ -93,12 +91,9 @@ BLOCKERS: dict = {
     'aten.linalg_ldl_factor_ex.default': LAPACK,
     'aten.linalg_ldl_solve.default': LAPACK,
     'aten.linalg_lstsq.default': LAPACK,
-    'aten.linalg_lu.default': LAPACK,
-    'aten.linalg_lu_factor_ex.default': 'the LU fill in linalg.py declines rectangular input and check_errors=True (torch.lu with get_infos)',
     'aten.linalg_matrix_exp.default': LAPACK,
     'aten.linalg_pinv.atol_rtol_tensor': LAPACK,
     'aten.linalg_qr.default': LAPACK,
-    'aten.lu_unpack.default': LAPACK,
     'aten.median.dim': ORDER_STAT,
     'aten.mode.default': ORDER_STAT,
     'aten.nanmedian.dim': ORDER_STAT,
@@ -107,15 +102,6 @@ BLOCKERS: dict = {
     'aten.rrelu_with_noise_.default': SAMPLER,
     'aten.segment_reduce.default': DATA_REDUCTION,
     'aten.sparse_sampled_addmm.default': LAYOUT,
-    'aten.special_airy_ai.default': SPECIAL,
-    'aten.special_bessel_j0.default': SPECIAL,
-    'aten.special_bessel_j1.default': SPECIAL,
-    'aten.special_bessel_y0.default': SPECIAL,
-    'aten.special_bessel_y1.default': SPECIAL,
-    'aten.special_modified_bessel_k0.default': SPECIAL,
-    'aten.special_modified_bessel_k1.default': SPECIAL,
-    'aten.special_scaled_modified_bessel_k0.default': SPECIAL,
-    'aten.special_scaled_modified_bessel_k1.default': SPECIAL,
     'aten.view_as_complex.default': COMPLEX_VIEW,
     'aten.view_as_real.default': COMPLEX_VIEW,
     'torch_nn._linear_cross_entropy_batch_chunked.default': MISSING,
@@ -190,10 +176,6 @@ XFAIL: dict = {
     'linalg.ldl_solve': (U('aten.linalg_ldl_solve.default'),),
     'linalg.lstsq': (U('aten.linalg_lstsq.default'),),
     'linalg.lstsq.grad_oriented': (U('aten.linalg_lstsq.default'),),
-    'linalg.lu': (U('aten.linalg_lu.default'),),
-    'linalg.lu_factor': (U('aten.linalg_lu_factor_ex.default'), U('aten.lu_unpack.default', dtypes=GRAD_ONLY)),
-    'linalg.lu_factor_ex': (U('aten.linalg_lu_factor_ex.default'), U('aten.lu_unpack.default', dtypes=GRAD_ONLY)),
-    'linalg.lu_solve': (U('aten.linalg_lu_solve.default', reason='the lu_solve fill in linalg.py declines left=False (only left solves are written)'), U('aten.lu_unpack.default', dtypes=GRAD_ONLY)),
     'linalg.matrix_norm': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'linalg.matrix_rank': (U('aten._linalg_svd.default'),),
     'linalg.matrix_rank.hermitian': (U('aten._linalg_eigh.default'),),
@@ -206,9 +188,6 @@ XFAIL: dict = {
     'linalg.svd': (U('aten._linalg_svd.default'),),
     'linalg.svdvals': (U('aten._linalg_svd.default'),),
     'linalg.tensorsolve': (U('aten._linalg_solve_ex.default'),),
-    'lu': (U('aten.linalg_lu_factor_ex.default'), U('aten.lu_unpack.default', dtypes=GRAD_ONLY)),
-    'lu_solve': (U('aten.lu_unpack.default', dtypes=GRAD_ONLY),),
-    'lu_unpack': (U('aten.lu_unpack.default'),),
     'masked.median': (U('aten.nanmedian.dim'),),
     'matrix_exp': (U('aten.linalg_matrix_exp.default'),),
     'median': (U('aten.median.dim'),),
@@ -230,15 +209,6 @@ XFAIL: dict = {
     'sgn': (U('aten._efficientzerotensor.default', dtypes=GRAD_ONLY),),
     'sparse.mm.reduce': (U('aten._sparse_mm_reduce_impl.default'),),
     'sparse.sampled_addmm': (U('aten.sparse_sampled_addmm.default'),),
-    'special.airy_ai': (U('aten.special_airy_ai.default'),),
-    'special.bessel_j0': (U('aten.special_bessel_j0.default'),),
-    'special.bessel_j1': (U('aten.special_bessel_j1.default'),),
-    'special.bessel_y0': (U('aten.special_bessel_y0.default'),),
-    'special.bessel_y1': (U('aten.special_bessel_y1.default'),),
-    'special.modified_bessel_k0': (U('aten.special_modified_bessel_k0.default'),),
-    'special.modified_bessel_k1': (U('aten.special_modified_bessel_k1.default'),),
-    'special.scaled_modified_bessel_k0': (U('aten.special_scaled_modified_bessel_k0.default'),),
-    'special.scaled_modified_bessel_k1': (U('aten.special_scaled_modified_bessel_k1.default'),),
     'stft': (U('aten._fft_c2c.default', dtypes=GRAD_ONLY), U('aten.view_as_real.default'),),
     'svd': (U('aten._linalg_svd.default'),),
     'svd_lowrank': (U('aten.linalg_qr.default'),),
@@ -246,18 +216,6 @@ XFAIL: dict = {
     'view_as_complex': (U('aten.view_as_complex.default'),),
     'linalg.norm': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'linalg.norm.subgradients_at_zero': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
-    'linspace': (U('aten.linspace.default', dtypes=('int64', 'bfloat16'), reason=SPACING),
-                 U('aten.linspace.out', dtypes=('int64', 'bfloat16'), reason=SPACING)),
-    'linspace.tensor_overload': tuple(
-        U(f'aten.linspace.{o}', dtypes=('int64', 'bfloat16'), reason=SPACING)
-        for o in ('Tensor_Tensor', 'Tensor_Scalar', 'Scalar_Tensor',
-                  'Tensor_Tensor_out', 'Tensor_Scalar_out', 'Scalar_Tensor_out')),
-    'logspace': (U('aten.logspace.default', dtypes=('bfloat16',), reason=SPACING),
-                 U('aten.logspace.out', dtypes=('bfloat16',), reason=SPACING)),
-    'logspace.tensor_overload': tuple(
-        U(f'aten.logspace.{o}', dtypes=('bfloat16',), reason=SPACING)
-        for o in ('Tensor_Tensor', 'Tensor_Scalar', 'Scalar_Tensor',
-                  'Tensor_Tensor_out', 'Tensor_Scalar_out', 'Scalar_Tensor_out')),
     'addbmm': (
         U(
             "aten.addbmm.default",
