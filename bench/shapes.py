@@ -1,6 +1,6 @@
 """Programs whose shapes change every step: dynamic padding and KV-cache generation.
 
-    python bench/shapes.py [--rounds N] [--profile]
+    python bench/shapes.py [--rounds N] [--profile] [--device cuda]
 
 1. **Dynamic-padding training**: a 2-layer BERT (transformers, random weights, built from a
    config offline) trained with AdamW on 12 batches whose sequence length changes every step.
@@ -38,6 +38,12 @@ LENGTHS = [13, 27, 9, 31, 18, 22, 16, 29, 11, 24, 20, 35]
 BATCH = 4
 VOCAB = 1000
 NEW_TOKENS = 48
+DEVICE = "cpu"  # --device: where the models and batches live (native and the mode alike)
+
+
+def _sync():
+    if DEVICE != "cpu":
+        torch.accelerator.synchronize()
 
 
 def _bert():
@@ -47,7 +53,7 @@ def _bert():
                      intermediate_size=128, max_position_embeddings=128, num_labels=3,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # dropout off: compared with native
     torch.manual_seed(0)
-    return BertForSequenceClassification(cfg)
+    return BertForSequenceClassification(cfg).to(DEVICE)
 
 
 def _llama():
@@ -56,10 +62,11 @@ def _llama():
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(cfg).eval().to(DEVICE)
 
 
-def _batches(lengths, device="cpu"):
+def _batches(lengths, device=None):
+    device = device or DEVICE
     g = torch.Generator().manual_seed(1)
     out = []
     for n in lengths:
@@ -92,12 +99,16 @@ def _run_steps(model, batches, ctx, native_model=None, native_batches=None):
     steps = []
     for i, b in enumerate(batches):
         if native_model is not None:
+            _sync()
             t0 = time.perf_counter()
             _step(native_model, nopt, native_batches[i])
+            _sync()
             native += time.perf_counter() - t0
         with ctx():
+            _sync()
             t0 = time.perf_counter()
             _step(model, opt, b)
+            _sync()
             steps.append(time.perf_counter() - t0)
             total += steps[-1]
     _run_steps.last = steps
@@ -181,7 +192,7 @@ def generation(rounds: int, dev) -> dict:
     from transformers import LogitsProcessor, LogitsProcessorList
 
     model = _llama()
-    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     out: dict = {k: [] for k in ("native 1st", "native 2nd", "mode 1st", "mode 2nd", "edref 1st", "edref 2nd")}
     after_first = []
 
@@ -196,9 +207,11 @@ def generation(rounds: int, dev) -> dict:
             return scores
 
     def gen(m, x, procs=None):
+        _sync()
         t0 = time.perf_counter()
         y = m.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                        logits_processor=procs)
+        _sync()
         return time.perf_counter() - t0, y
 
     for _ in range(rounds):
@@ -341,18 +354,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-edref", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where native and the mode run (edref and the "
+                   "two-process demo run on CPU only)")
     args = p.parse_args()
+    global DEVICE
+    DEVICE = args.device
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     dev = None
-    if not args.no_edref:
+    if not args.no_edref and DEVICE == "cpu":
         try:
             from eagerdecomp.refdev import reference_device
 
             dev = reference_device()
         except Exception as e:  # noqa: BLE001
             print(f"edref unavailable: {e}")
-    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds (medians) | "
+    print(f"torch {torch.__version__}, {DEVICE}, 1 thread, {args.rounds} rounds (medians) | "
           f"shape families {'on' if os.environ.get('EAGERDECOMP_SHAPE_GENERIC', '1') != '0' else 'off'}\n")
     if args.profile:
         profile_first_step()
@@ -392,6 +409,8 @@ def main() -> None:
     if "disk 1st" in t:
         print(f"  mode, memory cache cleared, disk cache warm: 1st {t['disk 1st']:.2f} s, 2nd {t['disk 2nd']:.2f} s | "
               f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x")
+    if DEVICE != "cpu":
+        return
     runs = demo_processes()
     print("\ndemo TransformerBlock (AdamW) under the mode, two fresh processes sharing a disk cache:")
     for i, (first, steady, traced, loaded) in enumerate(runs, 1):

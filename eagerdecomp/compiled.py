@@ -70,16 +70,23 @@ class Declined:
 class Compiled:
     """A compiled kernel for one exact key: called like :class:`~eagerdecomp.replay.Kernel`."""
 
-    __slots__ = ("fn", "kernel", "checks", "seconds")
+    __slots__ = ("fn", "kernel", "plan", "seconds")
 
-    def __init__(self, fn, kernel, checks, seconds: float):
-        self.fn, self.kernel, self.checks, self.seconds = fn, kernel, checks, seconds
+    def __init__(self, fn, kernel, plan, seconds: float):
+        self.fn, self.kernel, self.plan, self.seconds = fn, kernel, plan, seconds
+
+    def flat(self, inputs) -> list:
+        """The op's outputs as replay's graph returns them: checks, compiled code, writes."""
+        p = self.plan
+        for check, (args, kwargs) in p.checks:
+            check(*_fill(args, inputs), **_fill(kwargs, inputs))
+        results = self.fn(*inputs)
+        for i, j in p.writes:
+            inputs[i].copy_(results[j])
+        return [inputs[j] if is_input else results[j] for is_input, j in p.outs]
 
     def __call__(self, inputs):
-        for check, (args, kwargs) in self.checks:
-            pick = lambda a: inputs[a.index] if type(a) is _In else a  # noqa: E731
-            check(*_fill(args, pick), **_fill(kwargs, pick))
-        flat = self.fn(*inputs)
+        flat = self.flat(inputs)
         k = self.kernel
         for message, category in k.warnings:
             warnings.warn(message, category, stacklevel=3)
@@ -99,32 +106,57 @@ class _In:
 
 @dataclass(frozen=True)
 class Plan:
-    """What is handed to the compiler: the kernel's graph without its Python checks, the
-    checks to run before each compiled call, and how much work fusion can save."""
+    """What is handed to the compiler, and how its results become the op's outputs.
+
+    ``module`` is the kernel's graph made functional: no Python checks (``checks`` run
+    before each call instead) and no writes into inputs (``writes`` says which of its
+    results is copied into which input after the call; ``outs`` which input object or
+    result each output of the op is).
+    """
 
     module: torch.fx.GraphModule
-    checks: tuple  # (fn, args) with _In placeholders, run on every call before the compiled code
+    checks: tuple  # (fn, (args, kwargs)) with _In placeholders
+    writes: tuple  # (input index, result index): input.copy_(result) after the call
+    outs: tuple  # per output of the op: (True, input index) or (False, result index)
     compute: int  # ops that are not views: fusion saves a memory pass (and a call) each
-    mutates: bool  # writes an input (in-place, out=): checked on copies, identity kept
 
 
 def plan(kernel) -> Plan | Declined:
-    """Split ``kernel``'s graph for a compiler, or say why it is not worth or not safe to compile.
+    """Make ``kernel``'s graph functional for a compiler, or say why it is not worth or not safe to compile.
 
     NOTE: views stay on replay (their output must share the input's memory, and there is
     nothing to fuse); so do random kernels (a compiler does not keep eagerdecomp's stream).
     Python nodes that compute sizes are traced by the compiler like any other code; Python
     checks with no result (eager's overlap rules for in-place and out=) must run on every
-    call, so they are taken out of the graph and run before the compiled code.
+    call, so they come out of the graph and run before the compiled code. A write into an
+    input (in-place, out=) comes out too and is done by the same ``copy_`` replay does:
+    the compiled code stays functional, so no compiler has to get input mutation, version
+    counters or the returned object's identity right.
     """
     if kernel.random:
         return Declined("draws random numbers (keeps eagerdecomp's stream)")
     graph = torch.fx.Graph()
-    env, checks, index = {}, [], {}
-    compute, mutates = 0, False
+    env, checks, index, written, writes = {}, [], {}, {}, []
+    compute = 0
     for node in kernel.module.graph.nodes:
+        if any(a in written for a in node.all_input_nodes) and node.op != "output":
+            return Declined("reads an input after writing it")
         if node.op == "placeholder":
             index[node] = len(index)
+        elif node.op == "output":
+            results, outs = [], []
+            for o in node.args[0]:
+                if o in written:
+                    outs.append((True, index[written[o]]))
+                else:
+                    outs.append((False, len(results)))
+                    results.append(env[o])
+            w = []
+            for dst, value in writes:  # the written values become results, copied in by the wrapper
+                w.append((index[dst], len(results)))
+                results.append(env[value])
+            graph.output(results)
+            break
         elif node.op == "call_function" and not isinstance(node.target, OpOverload) and not node.users:
             checks.append((node.target, torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _In(index[n]))))
             continue
@@ -133,14 +165,17 @@ def plan(kernel) -> Plan | Declined:
             if target._schema.is_mutable:
                 if target is not torch.ops.aten.copy_.default or node.args[0].op != "placeholder":
                     return Declined(f"mutates with {target} (only a final copy_ into an input is compiled)")
-                mutates = True
-                compute += 1  # the write is a memory pass fusion can fold into the compute
-            elif not _views(target):
+                written[node] = node.args[0]
+                written[node.args[0]] = node.args[0]  # nothing may read the input after the write
+                writes.append((node.args[0], node.args[1]))
+                compute += 1  # the write is a memory pass: fusion folds the compute before it into one
+                continue
+            if not _views(target):
                 compute += 1
         env[node] = graph.node_copy(node, lambda n: env[n])
     if compute < 2:
         return Declined("one op: nothing to fuse")
-    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), compute, mutates)
+    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), tuple(w), tuple(outs), compute)
 
 
 def worth(p: Plan, inputs) -> bool:
@@ -149,14 +184,21 @@ def worth(p: Plan, inputs) -> bool:
     NOTE: a compiled call has a fixed cost of a few microseconds on CPU, about what replay
     spends on two small ops; so a short graph on small tensors stays on replay, and
     anything longer, or on tensors large enough for memory traffic to dominate, compiles.
+    A kernel that writes an input keeps eager's overlap checks and its copy_ either way,
+    which dominate on small tensors: it compiles on size alone.
     """
-    return p.compute >= MIN_OPS or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
+    return (p.compute >= MIN_OPS and not p.writes) or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
 
 
-def _fill(tree, pick):
-    from torch.utils._pytree import tree_map
-
-    return tree_map(pick, tree, is_leaf=lambda a: type(a) is _In)
+def _fill(tree, inputs):
+    """``tree`` (a check's arguments) with each :class:`_In` replaced by that input."""
+    if type(tree) is _In:
+        return inputs[tree.index]
+    if isinstance(tree, (tuple, list)):  # fx's immutable_list included: rebuilt as a plain one
+        return (tuple if isinstance(tree, tuple) else list)(_fill(a, inputs) for a in tree)
+    if isinstance(tree, dict):
+        return {k: _fill(v, inputs) for k, v in tree.items()}
+    return tree
 
 
 def _copies(inputs):
@@ -293,20 +335,21 @@ class Compiler:
         if not worth(p, inputs):
             stats.not_compiled(kernel.op, f"replay is as fast at this size (< {MIN_OPS} ops, < {MIN_NUMEL} elements)")
             return Declined("small")
-        mine, theirs = (_copies(inputs), _copies(inputs)) if p.mutates else (list(inputs), list(inputs))
+        mine, theirs = (_copies(inputs), _copies(inputs)) if p.writes else (list(inputs), list(inputs))
         t0 = time.perf_counter()
         try:
-            fn = self.fn(p.module, _copies(inputs) if p.mutates else list(inputs))
-            got = fn(*mine)
+            fn = self.fn(p.module, list(inputs))  # functional: the inputs are only read
+            compiled = Compiled(fn, kernel, p, 0.0)
+            got = compiled.flat(mine)
         except Exception as e:  # noqa: BLE001 - any compiler failure falls back to replay
             return self._decline(kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        seconds = time.perf_counter() - t0
-        bad = _check(got if isinstance(got, (list, tuple)) else [got], kernel.fn(*theirs), mine, theirs)
+        compiled.seconds = time.perf_counter() - t0
+        bad = _check(got, kernel.fn(*theirs), mine, theirs) or _check(mine, theirs, mine, theirs)
         if bad:
             return self._decline(kernel, stats, f"{self.name} {bad}")
-        log.info("%s: compiled by %s in %.2f s", kernel.op, self.name, seconds)
-        stats.compiled(kernel.op, seconds)
-        return Compiled(fn, kernel, p.checks, seconds)
+        log.info("%s: compiled by %s in %.2f s", kernel.op, self.name, compiled.seconds)
+        stats.compiled(kernel.op, compiled.seconds)
+        return compiled
 
     def _decline(self, kernel, stats, reason):
         if kernel.op not in self._warned:
