@@ -293,7 +293,7 @@ def fortran_out(op, functional, fortran):
         for out, res, f in zip(outs, result, flags):
             if out.shape != res.shape:
                 resize_out(out, res.shape)
-                if f:
+                if f and res.dim() >= 2:
                     aten.as_strided_.default(out, list(res.shape), _fortran_strides(list(res.shape)), out.storage_offset())
             aten.copy_.default(out, res)
         return outs[0] if len(outs) == 1 else tuple(outs)
