@@ -395,38 +395,8 @@ def _torch_decomposition(op):
     return decomposition_table[op]
 
 
-def _declining(op, declines):
-    """torch's own decomposition of ``op``, declined (no path, a clear error) where ``declines(kwargs)``."""
-    theirs = _torch_decomposition(op)
-
-    def fill(*args, **kwargs):
-        return NotImplemented if declines(kwargs) else theirs(*args, **kwargs)
-
-    project_decomposition(op)(fill)
-
-
-def _result_dtype(kwargs):
-    out = kwargs.get("out")
-    return out.dtype if out is not None else kwargs.get("dtype") or torch.get_default_dtype()
-
-
-def _inexact_spacing(kwargs) -> bool:
-    dtype = _result_dtype(kwargs)
-    return dtype in (torch.bfloat16, torch.float16) or not (dtype.is_floating_point or dtype.is_complex)
-
-
-def _inexact_16bit(kwargs) -> bool:
-    return _result_dtype(kwargs) in (torch.bfloat16, torch.float16)
-
-
-# NOTE: torch's linspace ref computes in the wide type and rounds once; eager's kernel casts
-# `start` to the result dtype first and rounds each step in it. On integer and 16-bit float
-# results they differ (linspace(-3.5, 10, 33, dtype=int64) sample 32 of the OpInfo, off by one;
-# logspace(..., dtype=bfloat16) off by 512 near 2**16). Declined there rather than answer differently.
-for _packet, _declines in ((aten.linspace, _inexact_spacing), (aten.logspace, _inexact_16bit)):
-    for _name in ("default", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor"):
-        for _suffix in ("", "_out"):  # torch's out= entries call its functional ref directly
-            _declining(getattr(_packet, "out" if _name == "default" and _suffix else _name + _suffix), _declines)
+# NOTE: linspace and logspace (declined here before at integer and 16-bit dtypes) are replayed
+# operation by operation as eager's kernels compute them in spacing.py.
 
 
 # NOTE: eager's max_unpool2d keeps a channels-last input channels-last; torch's decomposition

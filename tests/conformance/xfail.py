@@ -54,8 +54,6 @@ OUT_ONLY = 'an out= overload of a factory or composite op with no functional twi
 MISSING = "no decomposition in PyTorch's tables and none written here yet"
 DECLINED = "PyTorch's decomposition declines these arguments (it covers only some shapes)"
 
-SPACING = ("declined here at integer and 16-bit dtypes: torch's ref rounds once in the wide type, eager's "
-           "kernel per step in the result dtype, so their answers differ (see decomps.py)")
 STABLE_SORT = "a stable sort: Core ATen's sort makes no stability promise, so nothing in it guarantees one"
 # blockers met only by gradients, which the suite computes for float64 samples alone
 GRAD_ONLY = ("float64",)
@@ -229,18 +227,6 @@ XFAIL: dict = {
     'view_as_complex': (U('aten.view_as_complex.default'),),
     'linalg.norm': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'linalg.norm.subgradients_at_zero': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
-    'linspace': (U('aten.linspace.default', dtypes=('int64', 'bfloat16'), reason=SPACING),
-                 U('aten.linspace.out', dtypes=('int64', 'bfloat16'), reason=SPACING)),
-    'linspace.tensor_overload': tuple(
-        U(f'aten.linspace.{o}', dtypes=('int64', 'bfloat16'), reason=SPACING)
-        for o in ('Tensor_Tensor', 'Tensor_Scalar', 'Scalar_Tensor',
-                  'Tensor_Tensor_out', 'Tensor_Scalar_out', 'Scalar_Tensor_out')),
-    'logspace': (U('aten.logspace.default', dtypes=('bfloat16',), reason=SPACING),
-                 U('aten.logspace.out', dtypes=('bfloat16',), reason=SPACING)),
-    'logspace.tensor_overload': tuple(
-        U(f'aten.logspace.{o}', dtypes=('bfloat16',), reason=SPACING)
-        for o in ('Tensor_Tensor', 'Tensor_Scalar', 'Scalar_Tensor',
-                  'Tensor_Tensor_out', 'Tensor_Scalar_out', 'Scalar_Tensor_out')),
     'addbmm': (
         U(
             "aten.addbmm.default",
