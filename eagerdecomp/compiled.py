@@ -146,6 +146,8 @@ def plan(kernel) -> Plan | Declined:
         elif node.op == "output":
             results, outs = [], []
             for o in node.args[0]:
+                if not isinstance(o, torch.fx.Node):
+                    return Declined(f"returns a constant ({o!r})")
                 if o in written:
                     outs.append((True, index[written[o]]))
                 else:

@@ -100,5 +100,11 @@ def _adaptive(torch_fill, nd):
     return fill
 
 
-project_decomposition(aten.adaptive_max_pool2d.default)(_adaptive(torch_decomps.adaptive_max_pool2d, 2))
-project_decomposition(aten.adaptive_max_pool3d.default)(_adaptive(torch_decomps.adaptive_max_pool3d, 3))
+def _declined(*args, **kwargs):
+    return NotImplemented
+
+
+# NOTE: torch's own decompositions (argument checks, empty outputs) arrived after 2.11; on an
+# older torch those calls are declined (no path, a clear error) and the rest still decompose
+project_decomposition(aten.adaptive_max_pool2d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool2d", _declined), 2))
+project_decomposition(aten.adaptive_max_pool3d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool3d", _declined), 3))

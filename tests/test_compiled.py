@@ -231,3 +231,15 @@ def test_compiled_code_is_cached_on_disk_for_the_next_process(tmp_path):
     assert run() == (0, 1)  # compiled, and written under EAGERDECOMP_CACHE_DIR
     assert (tmp_path / "inductor").is_dir()
     assert run() == (1, 0)  # the next process loads it
+
+
+def test_an_in_place_foreach_returning_nothing_stays_on_replay():
+    xs, ys = [torch.randn(1 << 14) for _ in range(2)], [torch.randn(1 << 14) for _ in range(2)]
+    want = [x + 0.5 * y for x, y in zip(xs, ys)]
+    mode = ed.EagerDecompMode("core_aten", compile=Counting())
+    with mode:
+        for _ in range(compiled.AFTER + 3):
+            torch._foreach_add_(xs, ys, alpha=0.5)
+    row = mode.report().row(aten._foreach_add_.List)
+    assert row.compiled == 0 and row.not_compiled == ["returns a constant (None)"]
+    torch.testing.assert_close(xs, [w + (compiled.AFTER + 2) * 0.5 * y for w, y in zip(want, ys)])
