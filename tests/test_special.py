@@ -140,3 +140,52 @@ def test_zeta(dtype):
     e = torch.tensor([1.0, 0.5, 2.0, 3.0, 2.0, 2.5, 2.0], dtype=dtype)
     f = torch.tensor([2.0, 2.0, 0.0, -2.0, -2.5, -2.5, math.inf], dtype=dtype)
     _polygamma_like(torch.special.zeta, e, f)
+
+
+# -- Bessel J0, J1, Y0, Y1, K0, K1 (scaled too) and Airy Ai (eagerdecomp/bessel.py) ----------------
+_h = torch.Generator().manual_seed(1)
+BESSEL_X = torch.cat([
+    torch.randn(2000, generator=_h, dtype=torch.float64) * 5,
+    torch.rand(1000, generator=_h, dtype=torch.float64) * 200 - 100,
+    torch.logspace(-12, 6, 200, dtype=torch.float64), -torch.logspace(-12, 6, 200, dtype=torch.float64),
+    torch.linspace(1.9, 2.2, 61, dtype=torch.float64), torch.linspace(4.9, 5.1, 41, dtype=torch.float64),
+    torch.linspace(100, 110, 41, dtype=torch.float64),  # Ai's cut to 0 at 103.892
+    torch.tensor([0.0, -0.0, 1e-300, 5e-6, 1e-5, 2.0, 2.09, -2.09, 5.0, 8.3203353, 103.892, 1e10, -1e10, 1e300,
+                  math.inf, -math.inf, math.nan], dtype=torch.float64),
+])
+BESSEL = {
+    "bessel_j0": torch.special.bessel_j0,
+    "bessel_j1": torch.special.bessel_j1,
+    "bessel_y0": torch.special.bessel_y0,
+    "bessel_y1": torch.special.bessel_y1,
+    "modified_bessel_k0": torch.special.modified_bessel_k0,
+    "modified_bessel_k1": torch.special.modified_bessel_k1,
+    "scaled_modified_bessel_k0": torch.special.scaled_modified_bessel_k0,
+    "scaled_modified_bessel_k1": torch.special.scaled_modified_bessel_k1,
+    "airy_ai": torch.special.airy_ai,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64])
+@pytest.mark.parametrize("name", list(BESSEL))
+def test_bessel_accuracy_rule(name, dtype):
+    fn = BESSEL[name]
+    x = BESSEL_X.to(dtype) if dtype.is_floating_point else BESSEL_X[BESSEL_X.isfinite()].clamp(-1e6, 1e6).to(dtype)
+    ref = fn(x.double())
+    native = fn(x)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(x)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape, got.stride()) == (native.dtype, native.shape, native.stride())
+    finite = torch.isfinite(ref)
+    assert torch.equal(got.double()[~finite].nan_to_num(), ref[~finite].nan_to_num())  # poles, infinities, NaN
+    assert torch.equal(got.double()[~finite].isnan(), ref[~finite].isnan())
+    rtol, atol = TOL[native.dtype]
+    err_native = (native.double() - ref).abs()[finite].nan_to_num(0)
+    err_got = (got.double() - ref).abs()[finite]
+    assert bool((err_got <= 2 * err_native + atol + rtol * ref[finite].abs()).all())
+
+
+def test_bessel_declines_16bit_as_eager_has_no_kernel():
+    with pytest.raises(ed.UnsupportedOpError), ed.EagerDecompMode("core_aten"):
+        torch.special.bessel_j0(torch.ones(3, dtype=torch.bfloat16))
