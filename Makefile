@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test conformance models stress bench report corpus install clean
+.PHONY: demo test conformance conformance-compiled models stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: install
 
 conformance: install
 	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
+
+# the OpInfo suite with compile="inductor": every OpInfo, capped at 2 samples per dtype (each
+# sample compiles its kernels), answered by the compiled code and compared with eager
+conformance-compiled: install
+	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SAMPLES=2 EAGERDECOMP_CONFORMANCE_COMPILE=inductor \
+		$(PY) -m pytest tests/conformance/test_opinfo.py -q -n $(JOBS) $(PYTEST_ARGS)
 
 # every model of tests/test_models.py (make test runs its fast slice), under the mode and on edref
 models: install
