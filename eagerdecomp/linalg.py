@@ -217,9 +217,30 @@ def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
     return _lu_solve(LU, pivots, aten.expand.default(B, [*batch, *B.shape[-2:]]), adjoint)
 
 
-# NOTE: _linalg_solve_ex (linalg.solve) is left without a path: a fill factoring A^T as eager
-# does matched eager's results, but the float64 gradients of linalg.solve through it differed
-# in the conformance run, so it was withdrawn until that is understood.
+def _vector_rhs(A, B):
+    return B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
+
+
+@project_decomposition(aten._linalg_solve_ex.default)
+def linalg_solve_ex(A, B, *, left=True, check_errors=False):
+    # NOTE: eager (torch 2.13) factors A itself, whatever its layout, and returns that LU and
+    # pivots (its backward solves with them, adjoint=True); the solve broadcasts the batches.
+    # An earlier fill factored A^T for contiguous A, as older eager did: its forward values
+    # matched but the gradients, computed from the returned LU, did not.
+    if not _square(A) or B.dtype != A.dtype or B.dim() < 1:
+        return NotImplemented
+    vector = _vector_rhs(A, B)
+    Bm = aten.unsqueeze.default(B, -1 if left else -2) if vector else B
+    LU, piv, _, info = _lu(A)
+    if check_errors:
+        aten._linalg_check_errors.default(info, "torch.linalg.solve_ex", is_matrix=A.dim() == 2)
+    X = linalg_lu_solve(LU, piv, Bm, left=left)
+    X = aten.squeeze.dim(X, -1 if left else -2) if vector else X
+    if check_errors:  # the bypass path: eager's strides given here
+        LU = aten.transpose.int(aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+        if left and not vector:
+            X = aten.transpose.int(aten.clone.default(aten.transpose.int(X, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+    return X, LU, piv, info
 
 
 @project_decomposition(aten.linalg_inv_ex.default)
@@ -302,6 +323,8 @@ def fortran_out(op, functional, fortran):
 
 
 fortran_out(aten.linalg_inv_ex.inverse, aten.linalg_inv_ex.default, (True, False))
+fortran_out(aten._linalg_solve_ex.result, aten._linalg_solve_ex.default,
+            lambda A, B, left=True, **k: (left, True, False, False))
 fortran_out(aten.linalg_lu_factor_ex.out, aten.linalg_lu_factor_ex.default, (True, False, False))
 # a right solve is the transpose of a left one: its result, and a resized out, are row-major
 fortran_out(aten.linalg_lu_solve.out, aten.linalg_lu_solve.default, lambda *a, left=True, **k: (left,))
