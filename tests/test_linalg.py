@@ -131,6 +131,20 @@ MORE = {
     "lu_solve right adjoint": lambda m: (lambda LU, p, B: torch.linalg.lu_solve(LU, p, B.mT, left=False, adjoint=True), *torch.linalg.lu_factor(m["P"]), m["B"]),
     "lu_solve right out": lambda m: (_out(lambda LU, p, B, out: torch.linalg.lu_solve(LU, p, B.mT, left=False, out=out), m["P"].dtype), *torch.linalg.lu_factor(m["P"]), m["B"]),
     "inv out": lambda m: (_out(torch.linalg.inv_ex, m["P"].dtype, torch.int32), m["P"]),
+    "geqrf tall": lambda m: (torch.geqrf, m["R"]),
+    "geqrf wide": lambda m: (torch.geqrf, m["W"]),
+    "qr reduced": lambda m: (torch.linalg.qr, m["R"]),
+    "qr complete": lambda m: (lambda A: torch.linalg.qr(A, mode="complete"), m["R"]),
+    "qr r wide": lambda m: (lambda A: torch.linalg.qr(A, mode="r"), m["W"]),
+    "qr out": lambda m: (_out(torch.linalg.qr, m["R"].dtype, m["R"].dtype), m["R"]),
+    "householder_product": lambda m: (torch.linalg.householder_product, *torch.geqrf(m["R"])),
+    "ormqr": lambda m: (torch.ormqr, *torch.geqrf(m["R"]), m["R"][..., :2]),
+    "ormqr right transpose": lambda m: (lambda a, t, C: torch.ormqr(a, t, C, left=False, transpose=True), *torch.geqrf(m["R"]), m["R"].mT),
+    "solve": lambda m: (torch.linalg.solve, m["P"], m["B"]),
+    "solve vector": lambda m: (torch.linalg.solve, m["P"], m["B"][..., 0]),
+    "solve right": lambda m: (lambda A, B: torch.linalg.solve(A, B.mT, left=False), m["P"], m["B"]),
+    "solve_ex": lambda m: (torch.linalg.solve_ex, m["P"].mT, m["B"]),
+    "solve out": lambda m: (_out(torch.linalg.solve, m["P"].dtype), m["P"], m["B"]),
 }
 
 
@@ -179,3 +193,38 @@ def test_not_positive_definite_raises_eagers_error(name, fn, batched):
     with ed.EagerDecompMode("core_aten"), pytest.raises(RuntimeError) as got:
         fn(M)
     assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+def test_solve_gradient():
+    # NOTE: eager's backward solves with the LU _linalg_solve_ex returns: it must be A's own
+    A, B = _more(torch.float64)["P"], _more(torch.float64)["B"]
+    want = torch.autograd.grad(torch.linalg.solve(A.requires_grad_(), B).sum(), A)[0]
+    with ed.EagerDecompMode("core_aten"):
+        got = torch.autograd.grad(torch.linalg.solve(A, B).sum(), A)[0]
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1e-3, 0.1, 1.0, 30.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matrix_exp(dtype, scale):
+    # every degree eager picks, and scaling and squaring; float32 is held to the conformance
+    # accuracy rule (error against float64 no worse than eager's), float64 to LAPACK's level
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(3, 4, 4, dtype=torch.float64, generator=g) * scale / 4
+    A[1] *= 0.01  # another degree in the same batch
+    A = A.to(dtype)
+    (want,), (got,) = _both(torch.linalg.matrix_exp, A)
+    _exact_meta((want,), (got,))
+    ref = torch.linalg.matrix_exp(A.double())
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    else:
+        assert ((got.double() - ref).abs() <= 2 * (want.double() - ref).abs() + 1e-6 * ref.abs() + 1e-30).all()
+
+
+def test_matrix_exp_declines_what_it_cannot_match():
+    huge = torch.tensor([[0.0, 1e300], [0.0, 0.0]], dtype=torch.float64)  # eager's 2^s overflows int64
+    with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
+        torch.linalg.matrix_exp(huge)
+    with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
+        torch.linalg.matrix_exp(torch.eye(3, dtype=torch.bfloat16))
