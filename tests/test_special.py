@@ -189,3 +189,49 @@ def test_bessel_accuracy_rule(name, dtype):
 def test_bessel_declines_16bit_as_eager_has_no_kernel():
     with pytest.raises(ed.UnsupportedOpError), ed.EagerDecompMode("core_aten"):
         torch.special.bessel_j0(torch.ones(3, dtype=torch.bfloat16))
+
+
+# -- igamma, igammac (eagerdecomp/gamma.py) ------------------------------------------------------------
+def _gamma_pairs():
+    g = torch.Generator().manual_seed(2)
+    u = lambda n, s: torch.rand(n, generator=g, dtype=torch.float64) * s  # noqa: E731
+    a = torch.cat([u(400, 5), u(200, 300), 10 ** (u(200, 8) - 3)])
+    x = torch.cat([u(400, 5), u(200, 300), 10 ** (u(200, 8) - 3)])
+    a2 = 10 ** u(300, 5)  # Temme's region: large a, x near a
+    x2 = a2 * (1 + (u(300, 1) - 0.5) * 0.4)
+    a3, x3 = u(140, 3), torch.tensor([0.3, 0.5, 0.6, 1.0, 1.05, 1.1, 1.2], dtype=torch.float64).repeat(20)  # branch borders
+    special = torch.tensor([[0.0, 1.0], [0.0, 0.0], [-1.0, 1.0], [1.0, -1.0], [1.0, 0.0], [math.inf, 1.0], [math.inf, math.inf],
+                            [1.0, math.inf], [math.nan, 0.0], [math.nan, 1.0], [1.0, math.nan], [math.nan, math.inf],
+                            [1e4, 1.02e4], [1e6, 0.995e6], [25.0, 24.0], [250.0, 260.0]], dtype=torch.float64)
+    return torch.cat([a, a2, a3, special[:, 0]]), torch.cat([x, x2, x3, special[:, 1]])
+
+
+GAMMA_A, GAMMA_X = _gamma_pairs()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac], ids=["igamma", "igammac"])
+def test_igamma_accuracy_rule(fn, dtype):
+    a, x = GAMMA_A.to(dtype), GAMMA_X.to(dtype)
+    ref = fn(a.double(), x.double())
+    native = fn(a, x)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(a, x)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape) == (native.dtype, native.shape)
+    finite = torch.isfinite(ref)
+    assert torch.equal(got.double()[~finite].isnan(), ref[~finite].isnan())
+    rtol, atol = TOL[dtype]
+    err_native = (native.double() - ref).abs()[finite].nan_to_num(0)
+    err_got = (got.double() - ref).abs()[finite]
+    assert bool((err_got <= 2 * err_native + atol + rtol * ref[finite].abs()).all())
+
+
+def test_igamma_broadcasts_and_promotes():
+    a = torch.tensor([[0.5], [2.0]], dtype=torch.float32)
+    x = torch.tensor([0.1, 1.0, 3.0], dtype=torch.float64)
+    want = torch.igamma(a, x)
+    with ed.EagerDecompMode("core_aten"):
+        got = torch.igamma(a, x)
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

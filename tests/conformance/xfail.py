@@ -42,7 +42,6 @@ LAPACK = 'a LAPACK-style factorization or solve: no composition of core ops comp
 LAPACK_OUT = ("the out= form of a factorization written in core ops (linalg.py): eager hands back column-major "
               "outs, which the generic out= rule cannot reproduce, so it is declined")
 FFT = 'an FFT: Core ATen has no op to build one from'
-SPECIAL = "a special function: no formula in core ops reaches eager's accuracy over its whole domain"
 SAMPLER = 'a sampler whose algorithm has no core-op form (Core ATen keeps only rand, randn and randperm)'
 LAYOUT = 'a sparse or zero-tensor layout: outside Core ATen, which is strided tensors only'
 COMPLEX_VIEW = 'reinterprets complex elements as real pairs (or conjugates them): needs a dtype view Core ATen lacks'
@@ -82,8 +81,6 @@ BLOCKERS: dict = {
     'aten.hash_tensor.default': BITS,
     'aten.histogram.bin_ct': DATA_REDUCTION,
     'aten.histogram.bins_tensor': DATA_REDUCTION,
-    'aten.igamma.default': SPECIAL,
-    'aten.igammac.default': SPECIAL,
     'aten.kthvalue.default': ORDER_STAT,
     'aten.linalg_eig.default': LAPACK,
     'aten.linalg_lstsq.default': LAPACK,
@@ -157,8 +154,6 @@ XFAIL: dict = {
     'histogram': (U('aten.histogram.bin_ct'), U('aten.histogram.bins_tensor'),),
     'histogramdd': (U('aten._histogramdd_bin_edges.default'), U('aten._histogramdd_from_bin_tensors.default'),),
     'histc': (U('aten.histc.default', dtypes=('bfloat16',), reason="histc at 16-bit floats: the CPU kernel's bin arithmetic rounds in the input dtype, which the fill (float32/float64 and integers) does not reproduce; declined"),),
-    'igamma': (U('aten.igamma.default'),),
-    'igammac': (U('aten.igammac.default'),),
     'kthvalue': (U('aten.kthvalue.default'),),
     'linalg.cond': (U('aten._linalg_svd.default'),),
     'linalg.eig': (U('aten.linalg_eig.default'),),
