@@ -256,3 +256,31 @@ def test_ldl_zero_column_sets_info():
     want, got = _both(torch.linalg.ldl_factor_ex, Z)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelss", "gelsd"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 3), (2, 4), (2, 5, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lstsq_full_rank(dtype, shape, driver):
+    # each driver's outputs (residuals, rank, singular values) as eager gives them; float32 is
+    # computed in float64, so it is held to the accuracy rule against a float64 run
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(*shape, dtype=dtype, generator=g)
+    B = torch.randn(*shape[:-1], 2, dtype=dtype, generator=g)
+    want, got = _both(lambda A, B: torch.linalg.lstsq(A, B, driver=driver), A, B)
+    _exact_meta(want, got)
+    ref = torch.linalg.lstsq(A.double(), B.double(), driver=driver)
+    for w, g_, r in zip(want, got, ref):
+        if not w.is_floating_point():
+            torch.testing.assert_close(g_, w)
+        elif dtype == torch.float64:
+            torch.testing.assert_close(g_, w, **TOL[dtype])
+        else:
+            assert ((g_.double() - r).abs() <= 2 * (w.double() - r).abs() + 1e-6 * r.abs() + 1e-6).all()
+
+
+def test_lstsq_declines_rank_deficient_input():
+    A = torch.randn(4, 3, dtype=torch.float64)
+    A[:, 2] = A[:, 0]
+    with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
+        torch.linalg.lstsq(A, torch.randn(4, 2, dtype=torch.float64))

@@ -1,0 +1,158 @@
+"""Least squares (linalg.lstsq) for full-rank input, written in core ops.
+
+NOTE: linalg_lstsq has no decomposition in PyTorch. For a matrix of full rank the answer
+of every driver is the same unique vector (least squares for m >= n, least norm for m < n),
+so it is computed one way, in float64 and rounded once: Householder QR of A (m >= n; x from
+R x = Q^T B) or of A^T (m < n; x = Q R^-T B), as gels does. What the drivers add is eager's
+bookkeeping: gels returns the residuals (m > n) and no rank; gelsy the rank and no
+residuals; gelss/gelsd the rank, the singular values and the residuals (m > n, full rank).
+Singular values come from one-sided Jacobi sweeps (Hestenes), run to convergence: they are
+unique and Jacobi is at least as accurate as LAPACK's SVD. Whether A has full rank in the
+driver's eyes is a data question, read here (the bypass path): a call is declined unless
+every matrix's smallest singular value exceeds 8 x rcond x the largest (rcond defaults to
+eps x max(m, n), as in eager), far from any threshold the drivers apply (gelsy's condition
+estimate never exceeds the true condition number; gels fails only on an exactly singular R).
+Rank-deficient, empty, non-finite, vector right-hand side and complex calls are declined.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .householder import _apply_left, _geqr2, _reflector
+from .linalg import _FLOATS, _fortran_strides, _substitute
+from .overlap import guard
+from .variants import resize_out
+from .registry import project_decomposition
+
+aten = torch.ops.aten
+
+_DRIVERS = ("gels", "gelsy", "gelss", "gelsd")
+_EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.float64: torch.finfo(torch.float64).eps}
+
+
+def _mT(A):
+    return aten.transpose.int(A, -2, -1)
+
+
+def singular_values(A, max_sweeps=60):
+    """Singular values (descending) of a float64 batch by one-sided Jacobi; None if the sweeps
+    do not converge. Reads data (convergence): for the bypass path only."""
+    if A.shape[-2] < A.shape[-1]:
+        A = _mT(A)
+    n = A.shape[-1]
+    tol = torch.finfo(torch.float64).eps
+    U = A
+    for _ in range(max_sweeps):
+        worst = 0.0
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                up, uq = aten.select.int(U, -1, p), aten.select.int(U, -1, q)
+                a = aten.sum.dim_IntList(aten.mul.Tensor(up, up), [-1])
+                b = aten.sum.dim_IntList(aten.mul.Tensor(uq, uq), [-1])
+                g = aten.sum.dim_IntList(aten.mul.Tensor(up, uq), [-1])
+                scale = aten.sqrt.default(aten.mul.Tensor(a, b))
+                rotate = aten.gt.Tensor(aten.abs.default(g), aten.mul.Scalar(scale, tol))
+                ratio = aten.where.self(rotate, aten.div.Tensor(aten.abs.default(g), scale), aten.zeros_like.default(g))
+                worst = max(worst, float(aten._local_scalar_dense.default(aten.max.default(ratio))) if ratio.numel() else 0.0)
+                gs = aten.where.self(rotate, g, aten.ones_like.default(g))
+                zeta = aten.div.Tensor(aten.sub.Tensor(b, a), aten.mul.Scalar(gs, 2.0))
+                sign = aten.where.self(aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0))
+                t = aten.div.Tensor(sign, aten.add.Tensor(aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))))
+                t = aten.where.self(rotate, t, aten.zeros_like.default(t))
+                c = aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0))
+                s = aten.mul.Tensor(c, t)
+                c, s = aten.unsqueeze.default(c, -1), aten.unsqueeze.default(s, -1)
+                new_p = aten.sub.Tensor(aten.mul.Tensor(c, up), aten.mul.Tensor(s, uq))
+                new_q = aten.add.Tensor(aten.mul.Tensor(s, up), aten.mul.Tensor(c, uq))
+                idx = aten.arange.default(n, device=A.device)
+                U = aten.where.self(aten.eq.Scalar(idx, p), aten.unsqueeze.default(new_p, -1), U)
+                U = aten.where.self(aten.eq.Scalar(idx, q), aten.unsqueeze.default(new_q, -1), U)
+        if worst <= tol:
+            norms = aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(U, U), [-2]))
+            return aten.sort.default(norms, -1, True)[0]
+    return None
+
+
+def _full_rank_solve(A, B):
+    """``(X, Q^T B rows past n or None)`` for full-rank float64 A, B (batches equal)."""
+    m, n = A.shape[-2], A.shape[-1]
+    if m >= n:
+        a, tau = _geqr2(A)
+        C = B
+        for i in range(n):  # Q^T B = H_{n-1} ... H_0 B
+            C = _apply_left(C, _reflector(a, i), aten.select.int(tau, -1, i))
+        R = aten.slice.Tensor(aten.slice.Tensor(a, -2, 0, n), -1, 0, n)
+        X = _substitute(R, aten.slice.Tensor(C, -2, 0, n), lower=False, unit=False)
+        return X, aten.slice.Tensor(C, -2, n, m)
+    a, tau = _geqr2(_mT(A))  # A^T = Q R, A = R^T Q^T: x = Q (R^-T B; 0)
+    R = aten.slice.Tensor(aten.slice.Tensor(a, -2, 0, m), -1, 0, m)
+    Y = _substitute(_mT(R), B, lower=True, unit=False)
+    shape = list(Y.shape)
+    shape[-2] = n - m
+    X = aten.cat.default([Y, aten.zeros.default(shape, dtype=Y.dtype, device=Y.device)], -2)
+    for i in range(m - 1, -1, -1):  # Q X = H_0 (... (H_{m-1} X))
+        X = _apply_left(X, _reflector(a, i), aten.select.int(tau, -1, i))
+    return X, None
+
+
+@project_decomposition(aten.linalg_lstsq.default)
+def linalg_lstsq(A, B, rcond=None, *, driver=None):
+    driver = "gelsy" if driver is None else driver
+    if A.dtype not in _FLOATS or B.dtype != A.dtype or driver not in _DRIVERS or A.dim() < 2 or B.dim() != A.dim():
+        return NotImplemented
+    m, n = A.shape[-2], A.shape[-1]
+    if A.numel() == 0 or B.numel() == 0 or B.shape[-2] != m:
+        return NotImplemented
+    batch = list(torch.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
+    k = B.shape[-1]
+    A64 = aten._to_copy.default(aten.expand.default(A, [*batch, m, n]), dtype=torch.float64)
+    B64 = aten._to_copy.default(aten.expand.default(B, [*batch, m, k]), dtype=torch.float64)
+    if not aten._local_scalar_dense.default(aten.all.default(aten.isfinite.default(A64))):
+        return NotImplemented
+    s = singular_values(A64)
+    if s is None:
+        return NotImplemented
+    if rcond is not None and rcond < 0:
+        return NotImplemented  # LAPACK's own default (eps) then, not eager's
+    rcond = _EPS[A.dtype] * max(m, n) if rcond is None else rcond
+    smax, smin = aten.select.int(s, -1, 0), aten.select.int(s, -1, -1)
+    if not aten._local_scalar_dense.default(aten.all.default(aten.gt.Tensor(smin, aten.mul.Scalar(smax, 8.0 * rcond)))):
+        return NotImplemented  # rank-deficient or near a driver's threshold
+    X, rest = _full_rank_solve(A64, B64)
+    # eager's solution is the first n rows of LAPACK's column-major max(m, n) x k buffer
+    buf = aten.cat.default([X, rest], -2) if m > n else X
+    buf = _mT(aten.clone.default(_mT(aten._to_copy.default(buf, dtype=A.dtype)), memory_format=torch.contiguous_format))
+    X = aten.slice.Tensor(buf, -2, 0, n)
+
+    def empty(dtype):
+        return aten.full.default([0], 0, dtype=dtype, device=A.device)
+
+    residuals = empty(A.dtype)
+    if m > n and driver != "gelsy":
+        residuals = aten._to_copy.default(aten.sum.dim_IntList(aten.mul.Tensor(rest, rest), [-2]), dtype=A.dtype)
+    rank = empty(torch.int64) if driver == "gels" else aten.full.default(batch, min(m, n), dtype=torch.int64, device=A.device)
+    svals = aten._to_copy.default(s, dtype=A.dtype) if driver in ("gelss", "gelsd") else empty(A.dtype)
+    return X, residuals, rank, svals
+
+
+@project_decomposition(aten.linalg_lstsq.out)
+def linalg_lstsq_out(A, B, rcond=None, *, driver=None, solution, residuals, rank, singular_values):
+    # NOTE: eager resizes a solution out of another shape to LAPACK's column-major
+    # max(m, n) x k buffer and hands back its first n rows (a view with that buffer's strides)
+    outs = (solution, residuals, rank, singular_values)
+    guard(aten.linalg_lstsq.out, aten.linalg_lstsq.default, list(outs), [A, B])
+    result = linalg_lstsq(A, B, rcond, driver=driver)
+    if result is NotImplemented or any(o.dtype != r.dtype for o, r in zip(outs, result)):
+        return NotImplemented
+    X = result[0]
+    if solution.shape != X.shape:
+        rows = max(A.shape[-2], A.shape[-1])
+        full = [*X.shape[:-2], rows, X.shape[-1]]
+        resize_out(solution, full)
+        aten.as_strided_.default(solution, list(X.shape), _fortran_strides(full), solution.storage_offset())
+    aten.copy_.default(solution, X)
+    for out, res in zip(outs[1:], result[1:]):
+        resize_out(out, res.shape)
+        aten.copy_.default(out, res)
+    return outs
