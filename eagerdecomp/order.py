@@ -1,4 +1,4 @@
-"""Histograms and order statistics in core ops.
+"""Order statistics in core ops (histograms: histogram.py).
 
 Each fill follows its CPU kernel's arithmetic where the kernel defines the answer
 (bin selection, tie-breaking); where an argument would need a rule the fill does
@@ -20,58 +20,7 @@ def _item(t):
     return aten._local_scalar_dense.default(t)
 
 
-# NOTE: mixture-of-experts routers count tokens per expert with histc; PyTorch has no
-# decomposition. The CPU kernel's linear bin selection, in the input dtype:
-# pos = int((x - lo) * bins / (hi - lo)), x == hi in the last bin, values outside
-# [lo, hi] and NaN skipped; lo/hi come from the data when min == max (a data value: such
-# calls run on the bypass path), widened by 1 when equal.
-@project_decomposition(aten.histc.default)
-def histc(self, bins=100, min=0, max=0):
-    if not self.dtype.is_floating_point:
-        return _histc_int(self, bins, min, max)
-    if self.dtype not in (torch.float32, torch.float64):
-        return NotImplemented
-    lo, hi = float(min), float(max)
-    if lo == hi and self.numel() > 0:
-        lo, hi = float(_item(aten.amin.default(self, []))), float(_item(aten.amax.default(self, [])))
-    if lo == hi:
-        lo, hi = lo - 1, hi + 1
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise RuntimeError(f"torch.histc: range of [{lo}, {hi}] is not finite")
-    if not lo < hi:
-        raise RuntimeError("torch.histc: max must be larger than min")
-    if bins <= 0:
-        raise RuntimeError("torch.histc: bins must be > 0")
-    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
-    left = aten.scalar_tensor.default(lo, dtype=self.dtype, device=self.device)  # the edges, rounded to the dtype
-    right = aten.scalar_tensor.default(hi, dtype=self.dtype, device=self.device)
-    inside = aten.logical_and.default(aten.ge.Tensor(flat, left), aten.le.Tensor(flat, right))
-    pos = aten.div.Tensor(aten.mul.Tensor(aten.sub.Tensor(flat, left), bins), aten.sub.Tensor(right, left))
-    pos = aten.clamp.default(aten._to_copy.default(aten.where.self(inside, pos, aten.zeros_like.default(pos)), dtype=torch.int64), 0, bins - 1)
-    ones = aten._to_copy.default(inside, dtype=self.dtype)
-    out = aten.full.default([bins], 0, dtype=self.dtype, device=self.device)
-    return aten.index_put.default(out, [pos], ones, True)
-
-
-# NOTE: the CPU has no integer histc; CUDA's kernel (what an accelerator's users call, and what
-# transformers' MoE routers pass on every device but the CPU) bins integers in integer
-# arithmetic: bin = (x - lo) * bins / (hi - lo) with lo and hi truncated to the dtype.
-def _histc_int(self, bins, min, max):
-    if self.dtype == torch.bool or bins <= 0:
-        return NotImplemented
-    lo, hi = int(min), int(max)
-    if lo == hi and self.numel() > 0:
-        lo, hi = int(_item(aten.amin.default(self, []))), int(_item(aten.amax.default(self, [])))
-    if lo == hi:
-        lo, hi = lo - 1, hi + 1
-    if not lo < hi:
-        raise RuntimeError("torch.histc: max must be larger than min")
-    flat = aten._to_copy.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]), dtype=torch.int64)
-    inside = aten.logical_and.default(aten.ge.Scalar(flat, lo), aten.le.Scalar(flat, hi))
-    pos = aten.div.Tensor_mode(aten.mul.Tensor(aten.sub.Tensor(flat, lo), bins), hi - lo, rounding_mode="trunc")
-    pos = aten.clamp.default(aten.where.self(inside, pos, aten.zeros_like.default(pos)), 0, bins - 1)
-    out = aten.full.default([bins], 0, dtype=self.dtype, device=self.device)
-    return aten.index_put.default(out, [pos], aten._to_copy.default(inside, dtype=self.dtype), True)
+# NOTE: histc moved to histogram.py (with histogram and histogramdd, which share its bin rules).
 
 
 # NOTE: cummax/cummin have no decomposition in PyTorch. The CPU kernel walks the dim keeping
