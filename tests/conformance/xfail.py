@@ -89,8 +89,6 @@ BLOCKERS: dict = {
     'aten.sparse_sampled_addmm.default': LAYOUT,
     'aten.view_as_complex.default': COMPLEX_VIEW,
     'aten.view_as_real.default': COMPLEX_VIEW,
-    'torch_nn._linear_cross_entropy_batch_chunked.default': MISSING,
-    'torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default': MISSING,
 }
 
 
@@ -173,8 +171,6 @@ XFAIL: dict = {
     'nn.functional.fractional_max_pool2d': (U('aten.fractional_max_pool2d.default'),),
     'nn.functional.fractional_max_pool3d': (U('aten.fractional_max_pool3d.default'),),
     'nn.functional.grid_sample': (U('aten.grid_sampler_2d_backward.default', dtypes=GRAD_ONLY), U('aten.grid_sampler_3d.default'),),
-    'nn.functional.linear_cross_entropy.chunked': (U('torch_nn._linear_cross_entropy_batch_chunked.default'),),
-    'nn.functional.linear_cross_entropy.chunked_none': (U('torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default'),),
     'norm.nuc': (U('aten._linalg_svd.default'),),
     'pinverse': (U('aten.linalg_pinv.atol_rtol_tensor'),),
     'polar': (U('aten.view_as_real.default'),),
