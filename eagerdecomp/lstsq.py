@@ -1,4 +1,5 @@
-"""Least squares (linalg.lstsq) for full-rank input, written in core ops.
+"""Least squares (linalg.lstsq) for full-rank input and the pseudo-inverse (linalg.pinv),
+written in core ops.
 
 NOTE: linalg_lstsq has no decomposition in PyTorch. For a matrix of full rank the answer
 of every driver is the same unique vector (least squares for m >= n, least norm for m < n),
@@ -35,16 +36,17 @@ def _mT(A):
     return aten.transpose.int(A, -2, -1)
 
 
-def singular_values(A, max_sweeps=60):
-    """Singular values (descending) of a float64 batch by one-sided Jacobi; None if the sweeps
-    do not converge. Reads data (convergence): for the bypass path only."""
-    if A.shape[-2] < A.shape[-1]:
-        A = _mT(A)
+def _jacobi(A, max_sweeps=60):
+    """One-sided Jacobi (Hestenes) on a float64 batch with m >= n: ``(W, V)``, A V = W with
+    orthogonal columns; None if the sweeps do not converge. Reads data (convergence): for the
+    bypass path only."""
     n = A.shape[-1]
     tol = torch.finfo(torch.float64).eps
+    idx = aten.arange.default(n, device=A.device)
     U = A
+    V = aten.expand.default(aten.eye.default(n, dtype=A.dtype, device=A.device), [*A.shape[:-2], n, n])
     for _ in range(max_sweeps):
-        worst = 0.0
+        worst = aten.zeros.default([], dtype=A.dtype, device=A.device)
         for p in range(n - 1):
             for q in range(p + 1, n):
                 up, uq = aten.select.int(U, -1, p), aten.select.int(U, -1, q)
@@ -54,24 +56,33 @@ def singular_values(A, max_sweeps=60):
                 scale = aten.sqrt.default(aten.mul.Tensor(a, b))
                 rotate = aten.gt.Tensor(aten.abs.default(g), aten.mul.Scalar(scale, tol))
                 ratio = aten.where.self(rotate, aten.div.Tensor(aten.abs.default(g), scale), aten.zeros_like.default(g))
-                worst = max(worst, float(aten._local_scalar_dense.default(aten.max.default(ratio))) if ratio.numel() else 0.0)
+                if ratio.numel():
+                    worst = aten.maximum.default(worst, aten.max.default(ratio))
                 gs = aten.where.self(rotate, g, aten.ones_like.default(g))
                 zeta = aten.div.Tensor(aten.sub.Tensor(b, a), aten.mul.Scalar(gs, 2.0))
                 sign = aten.where.self(aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0))
                 t = aten.div.Tensor(sign, aten.add.Tensor(aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))))
                 t = aten.where.self(rotate, t, aten.zeros_like.default(t))
-                c = aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0))
-                s = aten.mul.Tensor(c, t)
-                c, s = aten.unsqueeze.default(c, -1), aten.unsqueeze.default(s, -1)
-                new_p = aten.sub.Tensor(aten.mul.Tensor(c, up), aten.mul.Tensor(s, uq))
-                new_q = aten.add.Tensor(aten.mul.Tensor(s, up), aten.mul.Tensor(c, uq))
-                idx = aten.arange.default(n, device=A.device)
-                U = aten.where.self(aten.eq.Scalar(idx, p), aten.unsqueeze.default(new_p, -1), U)
-                U = aten.where.self(aten.eq.Scalar(idx, q), aten.unsqueeze.default(new_q, -1), U)
-        if worst <= tol:
-            norms = aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(U, U), [-2]))
-            return aten.sort.default(norms, -1, True)[0]
+                c = aten.unsqueeze.default(aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0)), -1)
+                s = aten.mul.Tensor(c, aten.unsqueeze.default(t, -1))
+                for M in ("U", "V"):
+                    X = U if M == "U" else V
+                    xp, xq = aten.select.int(X, -1, p), aten.select.int(X, -1, q)
+                    X = aten.where.self(aten.eq.Scalar(idx, p), aten.unsqueeze.default(aten.sub.Tensor(aten.mul.Tensor(c, xp), aten.mul.Tensor(s, xq)), -1), X)
+                    X = aten.where.self(aten.eq.Scalar(idx, q), aten.unsqueeze.default(aten.add.Tensor(aten.mul.Tensor(s, xp), aten.mul.Tensor(c, xq)), -1), X)
+                    U, V = (X, V) if M == "U" else (U, X)
+        if float(aten._local_scalar_dense.default(worst)) <= tol:  # one read per sweep
+            return U, V
     return None
+
+
+def singular_values(A):
+    """Singular values (descending) of a float64 batch, or None (see :func:`_jacobi`)."""
+    got = _jacobi(_mT(A) if A.shape[-2] < A.shape[-1] else A)
+    if got is None:
+        return None
+    norms = aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(got[0], got[0]), [-2]))
+    return aten.sort.default(norms, -1, True)[0]
 
 
 def _full_rank_solve(A, B):
@@ -156,3 +167,59 @@ def linalg_lstsq_out(A, B, rcond=None, *, driver=None, solution, residuals, rank
         resize_out(out, res.shape)
         aten.copy_.default(out, res)
     return outs
+
+
+# NOTE: pinv is unique once the rank is fixed: eager keeps the singular values above
+# tol = max(atol, rtol * s_max) (rtol defaulting to eps * max(m, n), or 0 when atol > 0) and
+# returns V diag(1/s) U^T (hermitian: from the lower triangle, |eigenvalues| being the singular
+# values). The same sum is computed here from one-sided Jacobi in float64 and rounded once; it
+# does not depend on the signs of the singular vectors. Which singular values a rounding-level
+# SVD puts above tol is not shown to match eager's, so a call is declined (read here: the
+# bypass path) when any singular value lies within max(tol/2, 4 eps s_max) of tol, unless
+# rtol >= 1 (then none is kept by either, exactly).
+@project_decomposition(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(A, *, atol=None, rtol=None, hermitian=False):
+    if A.dtype not in _FLOATS or A.dim() < 2 or (hermitian and A.shape[-1] != A.shape[-2]):
+        return NotImplemented
+    m, n = A.shape[-2], A.shape[-1]
+    batch = list(A.shape[:-2])
+    for t in (atol, rtol):
+        if t is not None and (t.is_complex() or list(torch.broadcast_shapes(t.shape, batch)) != batch):
+            return NotImplemented
+    if A.numel() == 0:
+        return aten.zeros.default([*batch, n, m], dtype=A.dtype, device=A.device)
+    M = aten._to_copy.default(A, dtype=torch.float64)
+    if hermitian:
+        idx = aten.arange.default(n, device=A.device)
+        low = aten.ge.Tensor(aten.unsqueeze.default(idx, -1), aten.unsqueeze.default(idx, 0))
+        M = aten.where.self(low, M, _mT(M))
+    if not aten._local_scalar_dense.default(aten.all.default(aten.isfinite.default(M))):
+        return NotImplemented
+    tall = m >= n
+    got = _jacobi(M if tall else _mT(M))
+    if got is None:
+        return NotImplemented
+    W, V = got
+    s = aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(W, W), [-2]))  # [..., q]
+    smax = aten.amax.default(s, [-1])
+    zero = aten.zeros.default([], dtype=torch.float64, device=A.device)
+    atol_t = zero if atol is None else aten._to_copy.default(atol, dtype=torch.float64)
+    if rtol is not None:
+        rtol_t = aten._to_copy.default(rtol, dtype=torch.float64)
+    else:
+        default = aten.full.default([], _EPS[A.dtype] * max(m, n), dtype=torch.float64, device=A.device)
+        rtol_t = default if atol is None else aten.where.self(aten.gt.Scalar(atol_t, 0), zero, default)
+    tol = aten.maximum.default(atol_t, aten.mul.Tensor(rtol_t, smax))  # [...]
+    tol = aten.unsqueeze.default(aten.expand.default(tol, batch), -1)
+    band = aten.maximum.default(aten.mul.Scalar(tol, 0.5), aten.unsqueeze.default(aten.mul.Scalar(smax, 4 * _EPS[A.dtype]), -1))
+    near = aten.lt.Tensor(aten.abs.default(aten.sub.Tensor(s, tol)), band)
+    none_kept = aten.unsqueeze.default(aten.expand.default(aten.ge.Scalar(rtol_t, 1.0), batch), -1)
+    if aten._local_scalar_dense.default(aten.any.default(aten.logical_and.default(near, aten.logical_not.default(none_kept)))):
+        return NotImplemented
+    keep = aten.logical_and.default(aten.gt.Tensor(s, tol), aten.logical_not.default(none_kept))
+    safe = aten.where.self(keep, s, aten.ones_like.default(s))
+    inv = aten.where.self(keep, aten.reciprocal.default(safe), aten.zeros_like.default(s))
+    U = aten.div.Tensor(W, aten.unsqueeze.default(safe, -2))
+    P = aten.matmul.default(aten.mul.Tensor(V, aten.unsqueeze.default(inv, -2)), _mT(U))  # pinv of the tall one
+    P = P if tall else _mT(P)
+    return aten.clone.default(aten._to_copy.default(P, dtype=A.dtype), memory_format=torch.contiguous_format)

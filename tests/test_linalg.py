@@ -284,3 +284,33 @@ def test_lstsq_declines_rank_deficient_input():
     A[:, 2] = A[:, 0]
     with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
         torch.linalg.lstsq(A, torch.randn(4, 2, dtype=torch.float64))
+
+
+PINV = {
+    "full rank": lambda A: torch.linalg.pinv(A),
+    "wide": lambda A: torch.linalg.pinv(A.mT),
+    "rtol 1 keeps nothing": lambda A: torch.linalg.pinv(A, rtol=1.0),
+    "atol tensor": lambda A: torch.linalg.pinv(A, atol=torch.tensor(0.1, dtype=torch.float64)),
+    "hermitian": lambda A: torch.linalg.pinv(A[..., :3, :] @ A[..., :3, :].mT - 1, hermitian=True),
+    "pinverse": lambda A: torch.pinverse(A),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(PINV))
+def test_pinv(dtype, name):
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(2, 5, 3, dtype=dtype, generator=g)
+    want, got = _both(PINV[name], A)
+    _exact_meta(want, got)
+    ref = PINV[name](A.double())
+    if dtype == torch.float64:
+        torch.testing.assert_close(got[0], want[0], **TOL[dtype])
+    else:  # computed in float64: held to the accuracy rule
+        assert ((got[0].double() - ref).abs() <= 2 * (want[0].double() - ref).abs() + 1e-6 * ref.abs() + 1e-6).all()
+
+
+def test_pinv_declines_singular_values_at_the_cutoff():
+    a = torch.linalg.qr(torch.randn(3, 1, dtype=torch.float64))[0]
+    with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
+        torch.linalg.pinv(a @ a.mT)  # two singular values at rounding level, the cutoff 3 eps
