@@ -45,7 +45,6 @@ FFT = 'an FFT: Core ATen has no op to build one from'
 LAYOUT = 'a sparse or zero-tensor layout: outside Core ATen, which is strided tensors only'
 COMPLEX_VIEW = 'reinterprets complex elements as real pairs (or conjugates them): needs a dtype view Core ATen lacks'
 BITS = 'bit-level integer or float manipulation with no exact core-op form (edge cases: sign of NaN and -0, shifts past the width)'
-DATA_REDUCTION = "a data-dependent reduction with no decomposition in PyTorch's tables (none written here yet)"
 ORDER_STAT = 'an order statistic or scan whose tie-breaking and NaN rules eager fixes in its kernel; no exact decomposition'
 BACKWARD = "a backward op with no decomposition in PyTorch's tables (none written here yet)"
 OUT_ONLY = 'an out= overload of a factory or composite op with no functional twin of the same signature'
@@ -84,7 +83,6 @@ BLOCKERS: dict = {
     'aten.median.dim': ORDER_STAT,
     'aten.mode.default': ORDER_STAT,
     'aten.nanmedian.dim': ORDER_STAT,
-    'aten.segment_reduce.default': DATA_REDUCTION,
     'aten.sparse_sampled_addmm.default': LAYOUT,
     'aten.view_as_complex.default': COMPLEX_VIEW,
     'aten.view_as_real.default': COMPLEX_VIEW,
@@ -112,8 +110,6 @@ XFAIL: dict = {
             dtypes=('float32', 'float64', 'bfloat16'),
         ),
     ),
-    '_segment_reduce.lengths': (U('aten.segment_reduce.default'),),
-    '_segment_reduce.offsets': (U('aten.segment_reduce.default'),),
     '_upsample_bilinear2d_aa': (U('aten._upsample_bilinear2d_aa.default'),),
     'cdouble': (U('aten.view_as_real.default', dtypes=GRAD_ONLY),),
     'cfloat': (U('aten.view_as_real.default', dtypes=GRAD_ONLY),),
