@@ -309,6 +309,8 @@ class Compiler:
         if entry is not None:
             return entry if type(entry) is Compiled else None
         n = self._hits.get(key, 0) + 1
+        if n == 1 and len(self._hits) >= 16 * MAX_COMPILED:
+            self._hits.clear()  # shapes that change every call: counters of keys that never repeat
         self._hits[key] = n
         if n <= AFTER:
             return None

@@ -22,7 +22,9 @@ import math
 import torch
 
 from .registry import project_decomposition
-from .special import _erfc64, _lgamma64
+from .special import _c, _erfc64, _lgamma64
+from .special import _poly as _horner
+from .special import _where as _w
 
 aten = torch.ops.aten
 _F64 = torch.float64
@@ -218,23 +220,8 @@ _LANCZOS_NUM = (0.006061842346248907, 0.5098416655656676, 19.519927882476175, 44
 _LANCZOS_DEN = (1.0, 66.0, 1925.0, 32670.0, 357423.0, 2637558.0, 13339535.0, 45995730.0, 105258076.0, 150917976.0, 120543840.0, 39916800.0, 0.0)
 
 
-def _c(v, like):
-    return aten.full_like.default(like, v)
-
-
-def _w(cond, a, b):
-    return aten.where.self(cond, a, b)
-
-
 def _any(mask) -> bool:
     return mask.numel() > 0 and bool(aten._local_scalar_dense.default(aten.any.default(mask)))
-
-
-def _horner(coeffs, y):
-    acc = _c(coeffs[0], y)
-    for c in coeffs[1:]:
-        acc = aten.add.Tensor(aten.mul.Tensor(acc, y), c)
-    return acc
 
 
 def _lanczos_sum_expg_scaled(a):
