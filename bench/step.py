@@ -1,6 +1,6 @@
 """A whole training step (the demo's models, AdamW) under each way of running it.
 
-    python bench/step.py [--device cpu|cuda] [--rounds 15] [--scale 1] [--no-compile]
+    python bench/step.py [--device cpu|cuda] [--rounds 15] [--scale 1] [--no-compile] [--foreach]
 
 Variants, timed interleaved round after round (ratios per round, then medians):
   native     no mode
@@ -10,7 +10,8 @@ Variants, timed interleaved round after round (ratios per round, then medians):
 Every variant trains its own copy of the model from the same weights on the same batch
 (dropout off), and the parameters after the steps are compared with native's.
 ``--scale`` multiplies the batch (and the block's width) to move from overhead-bound to
-compute-bound steps.
+compute-bound steps. ``--foreach`` makes AdamW take its ``_foreach_*`` path (``foreach=True``,
+the default on CUDA), whose per-step bias corrections arrive as lists of floats.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _models(scale, device):
     }
 
 
-def bench(name, model, batch, device, rounds, compile):
+def bench(name, model, batch, device, rounds, compile, foreach=None):
     sync = torch.accelerator.synchronize if device != "cpu" else (lambda: None)
     modes = {"native": _Null, "nothing": DoNothing, "mode": lambda: ed.EagerDecompMode("core_aten")}
     if compile:
@@ -61,7 +62,7 @@ def bench(name, model, batch, device, rounds, compile):
     runs = {}
     for k, make in modes.items():
         m = copy.deepcopy(model)
-        runs[k] = (make(), m, torch.optim.AdamW(m.parameters(), lr=1e-3))
+        runs[k] = (make(), m, torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=foreach))
     x, y = batch
     t_warm = {}
     for k, (mode, m, opt) in runs.items():  # warm-up: traces, and for compiled its compiles
@@ -71,6 +72,8 @@ def bench(name, model, batch, device, rounds, compile):
                 train_step(m, opt, x, y)
         sync()
         t_warm[k] = time.perf_counter() - t0
+    misses = lambda: sum(r.misses for r in runs["mode"][0].report().rows)  # noqa: E731
+    before = misses()
     samples = {k: [] for k in runs}
     for _ in range(rounds):
         for k, (mode, m, opt) in runs.items():
@@ -92,7 +95,8 @@ def bench(name, model, batch, device, rounds, compile):
         line += (f" | compiled {med['compiled']:7.2f} ({ratio('compiled', 'mode'):.2f}x mode; {n} ops compiled, "
                  f"warm-up {t_warm['compiled']:.1f} s)")
     print(line)
-    print(f"{'':17} params vs native after {AFTER + 3 + rounds} steps: " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items() if k != "native"))
+    print(f"{'':17} params vs native after {AFTER + 3 + rounds} steps: " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items() if k != "native")
+          + f"; mode traced {misses() - before} kernel(s) in the timed rounds")
 
 
 def main(argv=None):
@@ -102,13 +106,14 @@ def main(argv=None):
     ap.add_argument("--scale", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--foreach", action="store_true", help="AdamW(foreach=True) (the default on CUDA)")
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(opts.threads)
     print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.threads} thread(s), "
-          f"scale {opts.scale}, {opts.rounds} rounds; ms per training step (median)")
+          f"scale {opts.scale}, {opts.rounds} rounds{', AdamW foreach=True' if opts.foreach else ''}; ms per training step (median)")
     for name, (model, batch) in _models(opts.scale, opts.device).items():
-        bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile)
+        bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile, True if opts.foreach else None)
     return 0
 
 

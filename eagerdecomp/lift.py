@@ -7,8 +7,11 @@ key holds only its value class, and the kernel takes the value as an input.
 
 Lifting must never change a result, so it is earned, not assumed:
 
-* only ops tagged ``pointwise`` are tried, and only their ``float``/``number``
-  arguments that arrive as Python floats;
+* only ops tagged ``pointwise`` are tried (and ``_foreach_*`` ops that map a
+  pointwise op over their lists), and only their ``float``/``number`` arguments
+  that arrive as Python floats, and the float elements of their ``float[]`` /
+  ``Scalar[]`` arguments (AdamW's per-parameter step sizes): each element is lifted
+  as a float of its own;
 * special values (0, +-1, +-0.5, +-2, nan, +-inf) are never lifted: decompositions
   branch on them, so they keep a kernel of their own, keyed by value;
 * a value class is (sign, magnitude above 1), so range checks such as
@@ -18,7 +21,8 @@ Lifting must never change a result, so it is earned, not assumed:
   constants) must be identical once the stand-ins are inputs. A Python branch on
   any threshold inside the class, or a value computed with into a baked
   constant, makes them differ, and the op falls back to keys by value for good.
-  What remains unchecked is a branch on a threshold beyond 2**20 or below 2**-20.
+  What remains unchecked is a branch on a threshold beyond 2**20 or below 2**-20,
+  and one on two lifted values being equal (the stand-ins are all distinct).
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ import math
 
 import torch
 
-__all__ = ["Lifted", "lift_positions", "wrapped_positions", "split", "stand_ins", "same_kernel", "LiftRefused", "SPECIAL"]
+__all__ = [
+    "Lifted", "Each", "lift_positions", "wrapped_positions", "split", "with_values", "stand_ins", "same_kernel",
+    "LiftRefused", "SPECIAL",
+]
 
 SPECIAL = frozenset({0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0})
 _SCALAR_TYPES = frozenset({"float", "number", "Optional[float]", "Optional[number]"})
+# float[] and Scalar[] (and their optional forms) as the schema types print them
+_LIST_TYPES = frozenset({"List[float]", "List[number]", "Optional[List[float]]", "Optional[List[number]]"})
 
 
 class Lifted:
@@ -47,6 +56,7 @@ class Lifted:
 
 _CLASSES = {(n, l): Lifted(n, l) for n in (False, True) for l in (False, True)}
 _TINY = 2.0**-20
+_MAX_LIFTED = 2**16  # stand-ins stay inside their class and 2**-26 apart (far from rounding)
 
 
 def _stand_in(large: bool, which: int, j: int) -> float:
@@ -61,14 +71,55 @@ def _stand_in(large: bool, which: int, j: int) -> float:
     return nudge if which == 0 else 1.0 - nudge
 
 
+class Each:
+    """A position in :func:`lift_positions` whose argument is a list: its float elements are
+    lifted one by one, each at the position ``(pos, element index)``."""
+
+    __slots__ = ("pos",)
+
+    def __init__(self, pos):
+        self.pos = pos
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Each and other.pos == self.pos
+
+    def __hash__(self) -> int:
+        return hash((Each, self.pos))
+
+    def __repr__(self) -> str:
+        return f"Each({self.pos!r})"
+
+
+def _pointwise(func) -> bool:
+    if torch.Tag.pointwise in func.tags:
+        return True
+    # NOTE: the _foreach_* ops carry no pointwise tag, yet each of their floats (a Scalar, or
+    # one element of a Scalar[]) is an operand of the per-tensor op their decomposition calls
+    # once per element (eagerdecomp.variants.foreach_table, the same mapping). When that op is
+    # tagged pointwise, a float there is lifted for the reason it is for the op itself: it
+    # never sizes or selects anything, and the two stand-in traces still have to agree. Ops
+    # whose per-tensor op is not pointwise (_foreach_norm's ord) keep their floats by value,
+    # and so do the out= forms, for which no per-tensor op is found.
+    if not func.__name__.startswith("_foreach_"):
+        return False
+    from .variants import _per_tensor  # noqa: PLC0415 - variants imports the table's helpers
+
+    found = _per_tensor(func)
+    return found is not None and torch.Tag.pointwise in found[0].tags
+
+
 def lift_positions(func) -> tuple:
-    """Positions (index, or kwarg name) of the float arguments of ``func`` worth lifting."""
-    if torch.Tag.pointwise not in func.tags:
+    """Positions of the float arguments of ``func`` worth lifting: an index, or a kwarg
+    name, or :class:`Each` of one for a ``float[]``/``Scalar[]`` argument."""
+    if not _pointwise(func):
         return ()
     out = []
     for i, a in enumerate(func._schema.arguments):
-        if str(a.type) in _SCALAR_TYPES:
+        t = str(a.type)
+        if t in _SCALAR_TYPES:
             out.append(a.name if a.kwarg_only else i)
+        elif t in _LIST_TYPES:
+            out.append(Each(a.name if a.kwarg_only else i))
     return tuple(out)
 
 
@@ -88,14 +139,41 @@ def _value_class(v) -> Lifted | None:
     return _CLASSES[v < 0, abs(v) > 1]
 
 
+def _split_list(pos, seq, lifted: list):
+    """``seq`` with its liftable floats replaced by their class markers (``seq`` itself when none)."""
+    if type(seq) is not list and type(seq) is not tuple:
+        return seq  # None for an optional list
+    out = None
+    for i, v in enumerate(seq):
+        cls = _value_class(v)
+        if cls is not None:
+            if out is None:
+                out = list(seq)
+            out[i] = cls
+            lifted.append(((pos, i), v))
+    return seq if out is None else type(seq)(out)
+
+
 def split(positions: tuple, args: tuple, kwargs: dict):
     """Replace liftable floats by their class marker: ``(args, kwargs, lifted)``.
 
-    ``lifted`` is a list of ``(position, value)``; empty when nothing was lifted.
+    ``lifted`` is a list of ``(position, value)``, in kernel input order; empty when nothing
+    was lifted. The position of a list's element is ``(index or name, element index)``.
     """
     lifted = []
     for pos in positions:
-        if type(pos) is int:
+        if type(pos) is Each:
+            p = pos.pos
+            if type(p) is int:
+                if p < len(args):
+                    seq = _split_list(p, args[p], lifted)
+                    if seq is not args[p]:
+                        args = args[:p] + (seq,) + args[p + 1 :]
+            elif p in kwargs:
+                seq = _split_list(p, kwargs[p], lifted)
+                if seq is not kwargs[p]:
+                    kwargs = {**kwargs, p: seq}
+        elif type(pos) is int:
             if pos < len(args):
                 cls = _value_class(args[pos])
                 if cls is not None:
@@ -109,8 +187,30 @@ def split(positions: tuple, args: tuple, kwargs: dict):
     return args, kwargs, lifted
 
 
+def with_values(args: tuple, kwargs: dict, lifted: list, values) -> tuple:
+    """``(args, kwargs)`` with each lifted float (list elements too) replaced by its value in ``values``."""
+    a, k = list(args), dict(kwargs)
+    lists: dict = {}  # position of a list argument -> its copy, written element by element
+    for (pos, _), v in zip(lifted, values):
+        if type(pos) is tuple:  # an element of a list argument
+            pos, i = pos
+            holder = a if type(pos) is int else k
+            if pos not in lists:
+                lists[pos] = (holder, type(holder[pos]), list(holder[pos]))
+            lists[pos][2][i] = v
+        elif type(pos) is int:
+            a[pos] = v
+        else:
+            k[pos] = v
+    for pos, (holder, kind, seq) in lists.items():
+        holder[pos] = kind(seq)
+    return tuple(a), k
+
+
 def stand_ins(lifted: list, which: int) -> list:
     """Stand-in values for each lifted scalar in trace ``which`` (0 or 1), all distinct."""
+    if len(lifted) > _MAX_LIFTED:
+        raise LiftRefused(f"{len(lifted)} lifted floats: more than their stand-ins can keep apart")
     out = []
     for j, (_, v) in enumerate(lifted):
         s = _stand_in(abs(v) > 1, which, j)

@@ -28,7 +28,7 @@ from .errors import MismatchError, TraceError, UnsupportedOpError
 from .exact import check_devices, fakes_like, finish_outputs, new_fake_mode, reference, swap_tensors
 from .family import Member, out_meta, read_ints
 from .key import Bypass
-from .lift import LiftRefused, same_kernel, stand_ins
+from .lift import LiftRefused, same_kernel, stand_ins, with_values
 from .lower import Lowerer, Stuck
 from .quiet import quiet
 from .replay import Kernel
@@ -117,13 +117,7 @@ class _Emitter:
 
 
 def _with_values(args, kwargs, lifted, values):
-    a, k = list(args), dict(kwargs)
-    for (pos, _), v in zip(lifted, values):
-        if type(pos) is int:
-            a[pos] = v
-        else:
-            k[pos] = v
-    return tuple(a), k
+    return with_values(args, kwargs, lifted, values)  # list elements too: lift.py owns positions
 
 
 def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
