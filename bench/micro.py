@@ -4,6 +4,8 @@ For each non-core op and size, microseconds per call of:
   native  the op's own kernel, no mode
   naive   its decomposition re-run on every call in a dispatch mode (no cache)
   cached  EagerDecompMode("core_aten"): key, cache hit, replay of the traced kernel
+          (in C++ when the library is built: csrc/hit.cpp)
+  python  the same mode with the C++ hit path switched off: key, lookup and replay in Python
   floor   the same core ops the kernel runs, called directly with no mode
 and the pass-through cost of an opset op: our mode vs a do-nothing TorchDispatchMode.
 With --compile inductor, one more column:
@@ -135,7 +137,15 @@ def bench_op(op, args, kwargs, rounds, compile=None):
         for _ in range(n):
             fn(*tensors)
 
-    variants = {"native": native, "naive": run_naive, "cached": cached, "floor": floor}
+    py_mode = ed.EagerDecompMode("core_aten")
+    py_mode.runtime.native = py_mode.runtime.stats.native = None  # the pure-Python hit path
+
+    def python(n):
+        with py_mode:
+            for _ in range(n):
+                op(*args, **kwargs)
+
+    variants = {"native": native, "naive": run_naive, "cached": cached, "python": python, "floor": floor}
     row = None
     if compile:
         fused = ed.EagerDecompMode("core_aten", compile=compile)
@@ -219,7 +229,8 @@ def main(argv=None):
     results = []
     print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.rounds} rounds, 1 thread; "
           "us per call (median)")
-    head = f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'floor':>9} {'naive/cached':>13} {'cached/floor':>13}"
+    head = (f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'python':>9} {'floor':>9} "
+            f"{'naive/cached':>13} {'python/cached':>14} {'cached/floor':>13}")
     if opts.compile:
         head += f" {'compiled':>9} {'comp/native':>12} {'comp/cached':>12} {'compile s':>9}"
     notes = []
@@ -230,9 +241,10 @@ def main(argv=None):
             s, rep = bench_op(op, args, kwargs, opts.rounds, opts.compile)
             med = {k: statistics.median(v) for k, v in s.items()}
             row = dict(op=name, numel=n, **med, naive_over_cached=ratio(s["naive"], s["cached"]),
-                       cached_over_floor=ratio(s["cached"], s["floor"]))
-            line = (f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['floor']:9.1f} "
-                    f"{row['naive_over_cached']:12.2f}x {row['cached_over_floor']:12.2f}x")
+                       python_over_cached=ratio(s["python"], s["cached"]), cached_over_floor=ratio(s["cached"], s["floor"]))
+            line = (f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['python']:9.1f} "
+                    f"{med['floor']:9.1f} {row['naive_over_cached']:12.2f}x {row['python_over_cached']:13.2f}x "
+                    f"{row['cached_over_floor']:12.2f}x")
             if opts.compile:
                 row.update(compiled_over_native=ratio(s["compiled"], s["native"]),
                            compiled_over_cached=ratio(s["compiled"], s["cached"]),
@@ -255,7 +267,9 @@ def main(argv=None):
           f"{100 * ratio(c, h):.2f}% of a cached silu hit ({statistics.median(h):.2f} us)")
     for n in map(int, opts.sizes.split(",")):
         rows = [x for x in results if x["numel"] == n]
-        print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x, "
+        print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x "
+              f"(min {min(x['naive_over_cached'] for x in rows):.2f}x), "
+              f"median python/cached {statistics.median(x['python_over_cached'] for x in rows):.2f}x, "
               f"median cached/floor {statistics.median(x['cached_over_floor'] for x in rows):.2f}x")
         done = [x for x in rows if x.get("is_compiled")]
         if done:

@@ -10,6 +10,10 @@ void init_key(pybind11::handle bypass, pybind11::tuple extra_plain_types);
 pybind11::object make_key(pybind11::handle func, pybind11::handle args, pybind11::handle kwargs);
 }  // namespace eagerdecomp::key
 
+namespace eagerdecomp::hit {  // csrc/hit.cpp
+void init(pybind11::module_& m);
+}  // namespace eagerdecomp::hit
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "eagerdecomp C++ library: the strict reference device (edref)";
   m.attr("BUILT_WITH_TORCH") = TORCH_VERSION;
@@ -21,4 +25,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_view", &rd::host_view, "A CPU tensor over an edref tensor's memory (for host collectives)");
   m.def("_init_key", &eagerdecomp::key::init_key, "Bypass class and extra plain types for make_key (key.py calls it)");
   m.def("make_key", &eagerdecomp::key::make_key, "(parts, tensors) of a call: eagerdecomp/key.py's make_key_py in C++");
+  eagerdecomp::hit::init(m);
 }

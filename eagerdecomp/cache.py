@@ -231,17 +231,23 @@ class KernelCache:
             self._lru.pop(key, None)
 
     def clear(self) -> None:
+        from .native import clear_for
+
         with self._lock:
             self._lru.clear()
             self._families.clear()
             self.hits = self.misses = self.family_hits = 0
+        clear_for(self)  # the C++ tables in front of it: a cache of this cache
 
     def info(self) -> CacheInfo:
+        from .native import hits_for
+
+        served = hits_for(self)  # hits served by the C++ tables in front of this cache
         with self._lock:
             negative = sum(isinstance(v, NEGATIVE) for v in self._lru.values())
             members = [len(f.members) for f in self._families.values()]
             return CacheInfo(
-                self.hits, self.misses, len(self._lru), self._lru.maxsize, negative,
+                self.hits + served, self.misses, len(self._lru), self._lru.maxsize, negative,
                 sum(1 for m in members if m), sum(members), self.family_hits,
             )
 

@@ -79,8 +79,8 @@ class Backend:
     key: str
     runtime: Runtime
     settings: tuple
-    library: torch.library.Library  # the fallback
-    composites: torch.library.Library  # the composite ops taken over (see the module docstring)
+    library: object  # the fallback: a torch.library.Library, or the C++ registration (eagerdecomp.native)
+    composites: object  # the composite ops taken over (see the module docstring), or None with the C++ one
     device_ops: OpSet  # the device's own kernels, read before enabling
 
     @property
@@ -252,13 +252,25 @@ def enable(
                 )
         runtime = runtime_for(target, decompositions, on_unsupported, compile)
         kernel = _fallback_for(runtime, device_type)
-        library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
-        library.fallback(kernel, key)
-        composites = torch.library.Library("aten", "IMPL")  # noqa: TOR901
-        for op, composite_key in _composites_to_take_over(runtime, have):
+        taken = _composites_to_take_over(runtime, have)
+        for op, composite_key in taken:
             # with no path to the opset, the runtime runs this composite (Route.COMPOSITE)
             runtime.composites[op] = composite_key
-            composites.impl(op, _take_over(kernel, op), key)
+        if runtime.native is not None:
+            # NOTE: the C++ fallback serves hits with no Python and no GIL; a miss calls the
+            # same Python kernel, which hands back the key's program (eagerdecomp.native)
+            from ._ext import load
+
+            runtime.serves_device = True
+            names = [_impl_name(op) for op, _ in taken]
+            library = load().hit.Registration(runtime.native, _miss_handler(runtime, kernel), key, names)
+            composites = None
+        else:
+            library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
+            library.fallback(kernel, key)
+            composites = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+            for op, _ in taken:
+                composites.impl(op, _take_over(kernel, op), key)
         backend = _enabled[key] = Backend(device_type, key, runtime, settings, library, composites, have)
         return backend
 
@@ -268,6 +280,34 @@ def _inductor_supports(device_type: str) -> bool:
 
     init_backend_registration()
     return get_scheduling_for_device(device_type) is not None
+
+
+def _impl_name(op) -> str:
+    schema = op._schema
+    return schema.name.partition("::")[2] + (f".{schema.overload_name}" if schema.overload_name else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _op(name: str, overload: str):
+    ns, _, base = name.partition("::")
+    return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+
+
+def _miss_handler(runtime: Runtime, kernel):
+    """What the C++ fallback calls on a miss: ``(out, program or None)``; the program, offered
+    by the runtime for this call's key, is installed by C++ for the next call."""
+    tls = runtime._tls
+
+    def handler(name, overload, args, kwargs):
+        prev = getattr(tls, "offer", None)
+        tls.offer = None  # a nested miss (a composite replayed below) restores ours when it ends
+        try:
+            out = kernel(_op(name, overload), *args, **kwargs)
+            return out, tls.offer
+        finally:
+            tls.offer = prev
+
+    return handler
 
 
 def _take_over(kernel, op):
@@ -317,8 +357,11 @@ def disable(device) -> bool:
         backend = _enabled.pop(key, None)
     if backend is None:
         return False
-    backend.composites._destroy()
-    backend.library._destroy()
+    if backend.composites is None:  # the C++ registration
+        backend.library.remove()
+    else:
+        backend.composites._destroy()
+        backend.library._destroy()
     return True
 
 

@@ -37,6 +37,7 @@ from .exact import unalias
 from .observe import log, profiling, ranged
 from .lift import LiftRefused
 from .trace import trace, trace_family
+from . import native
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
@@ -76,6 +77,11 @@ class Runtime:
         self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
         self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
         self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
+        # the C++ hit path (eagerdecomp.native): None on the pure-Python path, and under
+        # compile= (a compiled kernel, not a program, answers hot keys there)
+        self.native = native.table_for(self) if compiler is None else None
+        self.stats.native = self.native
+        self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -103,6 +109,11 @@ class Runtime:
 
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
+        table = self.native
+        if table is not None and not self.serves_device:
+            out = table.call(func, args, kwargs)  # a hit: keyed, found and replayed in C++
+            if out is not native.MISS:
+                return out
         lift = self._lift.get(func)
         if lift is None:
             lift = self._lift[func] = lift_positions(func) + wrapped_positions(func)
@@ -125,7 +136,7 @@ class Runtime:
             if entry.ints:  # a shape-generic kernel's int arguments are inputs too
                 inputs = inputs + read_ints(entry.ints, args, kwargs)
             if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
-                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref)
+                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref, len(lifted))
             elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
                 stats.record(func, Route.REPLAY, DISK, cache)
             else:
@@ -136,9 +147,10 @@ class Runtime:
                         return ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
                 route = Route.TRACE if cache == "miss" else Route.REPLAY
                 stats.record(func, route, LIFTED if lifted else None, cache)
-            if profiling():
-                return ranged("replay", func, entry, inputs)
-            return entry(inputs)
+            out = ranged("replay", func, entry, inputs) if profiling() else entry(inputs)
+            if table is not None:  # from now on this key is served in C++
+                native.offer(self, func, args, kwargs, key, entry, tensors, len(lifted))
+            return out
         if type(entry) is ByValue:
             # its floats change the graph: key them by value from now on, in this runtime
             self._lift[func] = ()
@@ -156,7 +168,7 @@ class Runtime:
                 raise
         return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
 
-    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref):
+    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
         against eager's meta kernel (already matched symbolically: this catches what symbolic
         reasoning and the real kernels decide differently)."""
@@ -169,6 +181,8 @@ class Runtime:
             store = self._store()
             if store is not None:  # checked here, so a later process loads it by key, unchecked
                 store.save_kernel(key, kernel)
+            if self.native is not None:
+                native.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.

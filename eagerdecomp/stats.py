@@ -25,6 +25,8 @@ LIFTED = "floats lifted"  # the reason of a replay whose float arguments were ke
 FAMILY = "shape family"  # the reason of a replay of a shape-generic kernel for a new exact key
 DISK = "loaded from disk"  # the reason of a replay of a kernel the persistent cache held (eagerdecomp.disk)
 COMPILED = "compiled"  # the reason of a hit answered by a compiled kernel (eagerdecomp.compiled)
+NATIVE = "C++"  # the reason of a hit served by the C++ hit path (eagerdecomp.native)
+NATIVE_LIFTED = "C++, floats lifted"  # the same, for a kernel with lifted float inputs
 
 
 class Route(str, enum.Enum):
@@ -62,6 +64,8 @@ class Stats:
         self.exact_only: dict = {}  # op -> reasons some of its calls keep exact-shape kernels
         self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
         self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
+        self.python_only: dict = {}  # op -> reasons some of its keys have no C++ program
+        self.native = None  # the runtime's C++ table (eagerdecomp.native): its hits are counted there
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
         """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
@@ -80,6 +84,9 @@ class Stats:
             shards = list(self._shards)
         for shard in shards:
             total.update(shard.copy())
+        if self.native is not None:  # hits served in C++, counted there (exact: atomics)
+            for op, lifted, n in self.native.counts():
+                total[op, Route.REPLAY, NATIVE_LIFTED if lifted else NATIVE, "hit"] += n
         return total
 
     def ops(self, route: Route) -> set:
@@ -111,6 +118,13 @@ class Stats:
         with self._lock:
             self.uncompiled.setdefault(op, set()).add(reason)
 
+    def python_replay(self, op, reason: str) -> None:
+        """Note that a key of ``op`` has no C++ program (stays on Python replay), and why."""
+        reasons = self.python_only.get(op)
+        if reasons is None or reason not in reasons:
+            with self._lock:
+                self.python_only.setdefault(op, set()).add(reason)
+
     def keyed_by_value(self, op) -> None:
         with self._lock:
             self.by_value.add(op)
@@ -120,7 +134,9 @@ class Stats:
             for shard in self._shards:
                 shard.clear()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
-            self.exact_only, self.compile_s, self.uncompiled = {}, {}, {}
+            self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
+        if self.native is not None:
+            self.native.clear_counts()
 
     def report(self) -> "Report":
         rows: dict = {}
@@ -137,6 +153,7 @@ class Stats:
             row.exact_shapes = sorted(self.exact_only.get(op, ()))
             row.compile_s = self.compile_s.get(op, 0.0)
             row.not_compiled = sorted(self.uncompiled.get(op, ()))
+            row.python_replay = sorted(self.python_only.get(op, ()))
         return Report([rows[op] for op in sorted(rows, key=str)])
 
 
@@ -171,6 +188,8 @@ class OpRow:
     compiled: int = 0  # hits answered by a compiled kernel (compile=)
     compile_s: float = 0.0  # seconds spent compiling this op's kernels
     not_compiled: list = field(default_factory=list)  # why some of its kernels stay on replay (compile=)
+    native: int = 0  # hits served by the C++ hit path (lifted ones included)
+    python_replay: list = field(default_factory=list)  # why some of its keys have no C++ program
 
     def add(self, route: Route, reason, cache, n: int) -> None:
         """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
@@ -181,10 +200,11 @@ class OpRow:
             self.remembered += n
         if route is Route.REPLAY:
             self.hits += n
-            self.lifted = self.lifted or reason == LIFTED
+            self.lifted = self.lifted or reason == LIFTED or reason == NATIVE_LIFTED
             self.family += n if reason == FAMILY else 0
             self.loaded += n if reason == DISK else 0
             self.compiled += n if reason == COMPILED else 0
+            self.native += n if reason == NATIVE or reason == NATIVE_LIFTED else 0
         elif route is Route.TRACE:
             self.traces += n
         elif route is Route.PASSTHROUGH:
@@ -251,6 +271,7 @@ class Report:
             if r.compiled:
                 notes.append(f"compiled x{r.compiled} ({r.compile_s:.2f} s to compile)")
             notes += [f"not compiled: {why}" for why in r.not_compiled]
+            notes += [f"python replay: {why}" for why in r.python_replay]
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:

@@ -1,0 +1,920 @@
+// The hit path in C++: an exact key -> a straight-line program of boxed operator calls.
+//
+// A Table belongs to one runtime (eagerdecomp/runtime.py). Python installs a program for
+// a key after it has replayed that key's kernel once (eagerdecomp/program.py specializes
+// the kernel to the key's sizes); from then on a call with that key is keyed, looked up
+// and replayed here, with no Python and without the GIL:
+//   * the mode's decompose route calls Table.call(func, args, kwargs) first (one C++ entry);
+//   * the device switch registers Fallback (a boxed kernel) on the device's dispatch key,
+//     which serves hits itself and hands misses to Python (GIL taken, errors propagated).
+//
+// The key here is this path's own: words built from the call (op, per tensor its sizes,
+// strides, offset, dtype, device, conj/neg bits and which earlier tensor it is, every
+// other argument by kind and value, lifted floats by value class, ambient state). It is
+// at least as fine as eagerdecomp/key.py's key for the same call, so a program is only
+// ever replayed for calls the Python cache would give the same kernel. Anything this path
+// does not key (subclasses, symbolic sizes, generators, complex...) is a miss, and Python
+// decides, as before.
+//
+// Concurrency: programs are immutable once installed; the map is behind a shared_mutex
+// (readers in parallel, Python's installs exclusive and short); counters are atomics.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <ATen/Context.h>
+#include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace eagerdecomp::hit {
+namespace {
+
+enum Tag : int64_t { kTensor = 1, kInt, kBool, kNone, kFloat, kStr, kDtype, kLayout, kMemFmt, kDevice, kList, kTuple,
+                     kLifted, kKw, kSame, kOp };
+
+struct Key {
+  std::vector<int64_t> w;
+  size_t h = 0;
+  bool operator==(const Key& o) const { return h == o.h && w == o.w; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const { return k.h; }
+};
+
+void seal(Key& k) {
+  uint64_t h = 0x84222325cbf29ce4ull;
+  for (int64_t x : k.w) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull + (h >> 29);
+  k.h = static_cast<size_t>(h);
+}
+
+// eagerdecomp/lift.py's value class: None (-1) for the special values it never lifts.
+int lift_class(double v) {
+  if (!std::isfinite(v) || v == 0.0 || v == 1.0 || v == -1.0 || v == 0.5 || v == -0.5 || v == 2.0 || v == -2.0) return -1;
+  return (v < 0 ? 2 : 0) + (std::abs(v) > 1 ? 1 : 0);
+}
+
+int64_t float_word(double v) {
+  if (v != v) return 0x7ff8000000000000ll;  // every nan is one value, as key.py keys it
+  int64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// A call's key and its inputs: its tensors in key order, then its lifted floats.
+struct Call {
+  Key key;
+  std::vector<c10::IValue> inputs;
+  std::vector<std::pair<int, c10::IValue>> lifted;  // (rank of its position in lift.py's order, value)
+  std::vector<const c10::TensorImpl*> ids;
+};
+
+const c10::DispatchKeySet kUnkeyed = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                                           c10::DispatchKey::FuncTorchBatched,
+                                                           c10::DispatchKey::PythonTLSSnapshot});
+
+bool push_tensor(Call& c, const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  if (!t.defined() || t.layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
+      (impl->key_set() & kUnkeyed).empty() == false)
+    return false;
+  auto& w = c.key.w;
+  const auto sizes = t.sizes(), strides = t.strides();
+  w.push_back(kTensor);
+  w.push_back(static_cast<int64_t>(sizes.size()));
+  w.insert(w.end(), sizes.begin(), sizes.end());
+  w.insert(w.end(), strides.begin(), strides.end());
+  w.push_back(t.storage_offset());
+  w.push_back(static_cast<int64_t>(t.scalar_type()));
+  w.push_back((static_cast<int64_t>(t.device().type()) << 16) | static_cast<uint16_t>(t.device().index()));
+  w.push_back((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0));
+  c.ids.push_back(impl);
+  c.inputs.emplace_back(t);
+  return true;
+}
+
+void push_str(Key& k, const char* s, size_t n) {
+  k.w.push_back(kStr);
+  k.w.push_back(static_cast<int64_t>(n));
+  for (size_t i = 0; i < n; i += 8) {
+    int64_t word = 0;
+    std::memcpy(&word, s + i, std::min<size_t>(8, n - i));
+    k.w.push_back(word);
+  }
+}
+
+// key.py: which earlier tensor each one is, when some tensor object repeats; then the
+// ambient state every decomposition may read.
+void finish(Call& c) {
+  const size_t n = c.ids.size();
+  for (size_t i = 1; i < n; ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (c.ids[j] == c.ids[i]) {
+        c.key.w.push_back(kSame);
+        for (size_t a = 0; a < n; ++a) {
+          size_t b = 0;
+          while (c.ids[b] != c.ids[a]) ++b;
+          c.key.w.push_back(static_cast<int64_t>(b));
+        }
+        i = n;
+        break;
+      }
+    }
+  }
+  c.key.w.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())) |
+                    (c10::GradMode::is_enabled() ? 1 << 8 : 0) | (c10::InferenceMode::is_enabled() ? 1 << 9 : 0) |
+                    (at::globalContext().deterministicAlgorithms() ? 1 << 10 : 0));
+  // the kernel takes lifted floats in lift.py's order of positions (then elements), not the call's
+  std::stable_sort(c.lifted.begin(), c.lifted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& v : c.lifted) c.inputs.push_back(std::move(v.second));
+  c.lifted.clear();
+  seal(c.key);
+}
+
+// ---- programs ------------------------------------------------------------------------
+
+struct Arg {
+  enum Kind : uint8_t { kConst, kSlot, kList } kind = kConst;
+  bool wrap = false;  // a number in a slot passed where the schema wants a Tensor: wrapped, as Python does
+  int slot = -1;
+  c10::IValue value;
+  c10::TypePtr elem;  // kList: the element type
+  std::vector<Arg> items;
+};
+
+struct Step {
+  enum Kind : uint8_t { kCall, kPick, kCheck } kind = kCall;
+  std::optional<c10::OperatorHandle> op;
+  std::vector<Arg> args;
+  int first = 0, count = 0;  // result slots
+  int from = 0, index = 0;   // a pick: slot and index
+  int rules = 0;             // a check: eagerdecomp/program.py's _RULES bits
+  std::vector<int> dests, reads;
+};
+
+std::string g_partial;  // eagerdecomp/overlap.py's PARTIAL message, eager's own
+
+// eagerdecomp/overlap.py's _status: 2 full, 1 partial, 0 no (also where ATen says "too hard")
+int overlap_status(const at::Tensor& a, const at::Tensor& b) {
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return 2;
+  if (a.numel() == 0 || b.numel() == 0 || !a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense()) return 0;
+  if (!a.has_storage() || !b.has_storage() || a.storage().unsafeGetStorageImpl() != b.storage().unsafeGetStorageImpl()) return 0;
+  const int64_t a0 = a.storage_offset() * a.element_size(), b0 = b.storage_offset() * b.element_size();
+  const int64_t a1 = a0 + a.numel() * a.element_size(), b1 = b0 + b.numel() * b.element_size();
+  if (a0 == b0 && a1 == b1) return a.strides() == b.strides() ? 2 : 1;
+  return a0 < b1 && b0 < a1 ? 1 : 0;
+}
+
+// eagerdecomp/overlap.py's check, for the rules that depend on more than the key (partial, any)
+void check_overlap(const Step& s, const std::vector<c10::IValue>& slots) {
+  for (int d : s.dests) {
+    for (int r : s.reads) {
+      const int status = overlap_status(slots[d].toTensor(), slots[r].toTensor());
+      if ((status == 1 && (s.rules & 6)) || (status == 2 && (s.rules & 4))) throw std::runtime_error(g_partial);
+    }
+  }
+}
+
+struct Counter {
+  std::atomic<int64_t> hits{0};
+};
+
+struct Program {
+  std::vector<Step> steps;
+  std::vector<int> outputs;
+  int n_slots = 0;
+  bool list_out = false;  // the op returns one Tensor[]
+  std::shared_ptr<Counter> counter;  // this op's hits, for the report
+  std::shared_ptr<Counter> total;    // the table's hits, for cache_info()
+  std::string name;                  // its profiler range, as eagerdecomp/observe.py names it
+};
+
+c10::IValue wrapped(const c10::IValue& v) {
+  at::Tensor t = at::scalar_to_tensor(v.toScalar());
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+c10::IValue materialize(const Arg& a, const std::vector<c10::IValue>& slots) {
+  switch (a.kind) {
+    case Arg::kConst:
+      return a.value;
+    case Arg::kSlot: {
+      const c10::IValue& v = slots[a.slot];
+      return a.wrap && !v.isTensor() ? wrapped(v) : v;
+    }
+    case Arg::kList: {
+      c10::impl::GenericList list(a.elem);
+      list.reserve(a.items.size());
+      for (const Arg& item : a.items) list.push_back(materialize(item, slots));
+      return list;
+    }
+  }
+  return {};
+}
+
+// Runs the program on `inputs`; returns its flat outputs.
+std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs) {
+  at::RecordFunction range(at::RecordScope::USER_SCOPE);  // a flag test unless a profiler runs
+  if (range.isActive()) range.before(p.name.c_str());
+  std::vector<c10::IValue> slots(std::move(inputs));
+  slots.resize(p.n_slots);
+  torch::jit::Stack stack;
+  for (const Step& s : p.steps) {
+    if (s.kind == Step::kPick) {
+      slots[s.first] = slots[s.from].toListRef()[s.index];
+      continue;
+    }
+    if (s.kind == Step::kCheck) {
+      check_overlap(s, slots);
+      continue;
+    }
+    stack.clear();
+    stack.reserve(s.args.size());
+    for (const Arg& a : s.args) stack.push_back(materialize(a, slots));
+    s.op->callBoxed(stack);
+    for (int j = 0; j < s.count; ++j) slots[s.first + j] = std::move(stack[j]);
+  }
+  std::vector<c10::IValue> out;
+  out.reserve(p.outputs.size());
+  for (int i : p.outputs) out.push_back(slots[i]);
+  p.counter->hits.fetch_add(1, std::memory_order_relaxed);
+  p.total->hits.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return o->getElementType()->kind() == c10::TypeKind::TensorType;
+  return false;
+}
+
+bool has_slot(py::handle x, PyObject* slot_type) {
+  if (PyObject_IsInstance(x.ptr(), slot_type) == 1) return true;
+  if (PyList_Check(x.ptr()) || PyTuple_Check(x.ptr())) {
+    for (py::handle y : x) {
+      if (has_slot(y, slot_type)) return true;
+    }
+  }
+  return false;
+}
+
+Arg make_arg(py::handle x, const c10::TypePtr& type, PyObject* slot_type) {
+  Arg a;
+  if (PyObject_IsInstance(x.ptr(), slot_type) == 1) {
+    a.kind = Arg::kSlot;
+    a.slot = x.attr("i").cast<int>();
+    a.wrap = is_tensor_type(type);
+    return a;
+  }
+  if (has_slot(x, slot_type)) {
+    c10::TypePtr t = type;
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    auto list = t->cast<c10::ListType>();
+    if (!list) throw std::runtime_error("a program value inside a non-list argument");
+    a.kind = Arg::kList;
+    a.elem = list->getElementType();
+    for (py::handle y : x) a.items.push_back(make_arg(y, a.elem, slot_type));
+    return a;
+  }
+  torch::jit::ToIValueAllowNumbersAsTensors numbers(true);  // as Python's operator call converts
+  a.value = torch::jit::toIValue(x, type);
+  return a;
+}
+
+c10::OperatorHandle find_op(const std::string& name, const std::string& overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+}
+
+Program build(py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
+  Program p;
+  p.n_slots = n_slots;
+  for (py::handle o : outputs) p.outputs.push_back(o.cast<int>());
+  for (py::handle c : calls) {
+    py::tuple t = c.cast<py::tuple>();
+    Step s;
+    const std::string kind = t[0].cast<std::string>();
+    if (kind == "pick") {  // ("pick", list_slot, index, slot)
+      s.kind = Step::kPick;
+      s.from = t[1].cast<int>();
+      s.index = t[2].cast<int>();
+      s.first = t[3].cast<int>();
+      p.steps.push_back(std::move(s));
+      continue;
+    }
+    if (kind == "check") {  // ("check", rules, dest slots, input slots)
+      s.kind = Step::kCheck;
+      s.rules = t[1].cast<int>();
+      s.dests = t[2].cast<std::vector<int>>();
+      s.reads = t[3].cast<std::vector<int>>();
+      p.steps.push_back(std::move(s));
+      continue;
+    }
+    // ("call", name, overload, args, kwargs, first, count)
+    s.op = find_op(t[1].cast<std::string>(), t[2].cast<std::string>());
+    const auto& schema = s.op->schema();
+    py::tuple args = t[3].cast<py::tuple>();
+    py::dict kwargs = t[4].cast<py::dict>();
+    s.first = t[5].cast<int>();
+    s.count = t[6].cast<int>();
+    const auto& formals = schema.arguments();
+    if (args.size() > formals.size()) throw std::runtime_error("too many arguments for " + schema.name());
+    for (size_t i = 0; i < formals.size(); ++i) {
+      const auto& f = formals[i];
+      if (i < args.size()) {
+        s.args.push_back(make_arg(args[i], f.type(), slot_type.ptr()));
+      } else if (kwargs.contains(f.name().c_str())) {
+        s.args.push_back(make_arg(kwargs[f.name().c_str()], f.type(), slot_type.ptr()));
+      } else if (f.default_value()) {
+        Arg a;
+        a.value = *f.default_value();
+        s.args.push_back(std::move(a));
+      } else {
+        throw std::runtime_error("no value for argument " + f.name() + " of " + schema.name());
+      }
+    }
+    p.steps.push_back(std::move(s));
+  }
+  return p;
+}
+
+// ---- the table -----------------------------------------------------------------------
+
+// How an op's floats are lifted (eagerdecomp/lift.py's positions, in its order).
+struct Lift {
+  std::vector<int> index;          // a positional argument, or -1
+  std::vector<std::string> name;   // a keyword-only argument's name, or ""
+  std::vector<int> schema_index;   // where it sits in the full argument list
+  std::vector<bool> each;          // a float list: its elements are lifted one by one
+
+  // the rank of the position of argument `index` (or keyword `name`), or -1
+  int rank(int i, PyObject* kw) const {
+    for (size_t j = 0; j < index.size(); ++j) {
+      if (i >= 0 && index[j] == i) return static_cast<int>(j);
+      if (kw && !name[j].empty() && PyUnicode_CompareWithASCIIString(kw, name[j].c_str()) == 0) return static_cast<int>(j);
+    }
+    return -1;
+  }
+  int rank_at(int schema_i) const {
+    for (size_t j = 0; j < schema_index.size(); ++j)
+      if (schema_index[j] == schema_i) return static_cast<int>(j);
+    return -1;
+  }
+};
+
+}  // namespace
+
+class Table {
+ public:
+  explicit Table(size_t maxsize) : maxsize_(maxsize) {}
+
+  // ---- keys from Python objects (the mode) ----
+  bool visit_py(PyObject* x, Call& c) {
+    PyTypeObject* t = Py_TYPE(x);
+    auto& w = c.key.w;
+    if (t == reinterpret_cast<PyTypeObject*>(THPVariableClass) || t == parameter_) {
+      return push_tensor(c, THPVariable_Unpack(x));
+    }
+    if (t == &PyLong_Type) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+      if (overflow) return false;
+      w.push_back(kInt);
+      w.push_back(v);
+      return true;
+    }
+    if (t == &PyFloat_Type) {
+      w.push_back(kFloat);
+      w.push_back(float_word(PyFloat_AS_DOUBLE(x)));
+      return true;
+    }
+    if (t == &PyBool_Type) {
+      w.push_back(kBool);
+      w.push_back(x == Py_True);
+      return true;
+    }
+    if (x == Py_None) {
+      w.push_back(kNone);
+      return true;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+      w.push_back(t == &PyList_Type ? kList : kTuple);
+      w.push_back(n);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!visit_py(PySequence_Fast_GET_ITEM(x, i), c)) return false;
+      }
+      return true;
+    }
+    if (t == &THPDtypeType) {
+      w.push_back(kDtype);
+      w.push_back(static_cast<int64_t>(reinterpret_cast<THPDtype*>(x)->scalar_type));
+      return true;
+    }
+    if (t == &THPDeviceType) {
+      const auto& d = reinterpret_cast<THPDevice*>(x)->device;
+      w.push_back(kDevice);
+      w.push_back((static_cast<int64_t>(d.type()) << 16) | static_cast<uint16_t>(d.index()));
+      return true;
+    }
+    if (t == &THPLayoutType) {
+      w.push_back(kLayout);
+      w.push_back(static_cast<int64_t>(reinterpret_cast<THPLayout*>(x)->layout));
+      return true;
+    }
+    if (t == &THPMemoryFormatType) {
+      w.push_back(kMemFmt);
+      w.push_back(static_cast<int64_t>(reinterpret_cast<THPMemoryFormat*>(x)->memory_format));
+      return true;
+    }
+    if (t == &PyUnicode_Type) {
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_AsUTF8AndSize(x, &n);
+      if (!s) {
+        PyErr_Clear();
+        return false;
+      }
+      push_str(c.key, s, static_cast<size_t>(n));
+      return true;
+    }
+    return false;  // anything else: Python decides (key.py knows it, or bypasses it)
+  }
+
+  // A float at a lifted position: its class in the key, its value an input.
+  bool lifted_py(PyObject* x, Call& c, int rank) {
+    if (Py_TYPE(x) != &PyFloat_Type) return false;
+    const double v = PyFloat_AS_DOUBLE(x);
+    const int cls = lift_class(v);
+    if (cls < 0) return false;
+    c.key.w.push_back(kLifted);
+    c.key.w.push_back(cls);
+    c.lifted.emplace_back(rank, v);
+    return true;
+  }
+
+  // an argument at a lifted position (rank): the float, or each float of the list
+  bool visit_lifted_py(PyObject* x, Call& c, int rank, bool each) {
+    PyTypeObject* t = Py_TYPE(x);
+    if (!each) return lifted_py(x, c, rank) || visit_py(x, c);
+    if (t != &PyList_Type && t != &PyTuple_Type) return visit_py(x, c);
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+    c.key.w.push_back(t == &PyList_Type ? kList : kTuple);
+    c.key.w.push_back(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* y = PySequence_Fast_GET_ITEM(x, i);
+      if (!lifted_py(y, c, rank) && !visit_py(y, c)) return false;
+    }
+    return true;
+  }
+
+  bool key_py(PyObject* func, PyObject* args, PyObject* kwargs, Call& c) {
+    c.key.w.reserve(48);
+    c.key.w.push_back(kOp);
+    c.key.w.push_back(reinterpret_cast<int64_t>(func));
+    const auto lift = lift_for(func);
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* a = PyTuple_GET_ITEM(args, i);
+      const int rank = lift ? lift->rank(static_cast<int>(i), nullptr) : -1;
+      if (!(rank >= 0 ? visit_lifted_py(a, c, rank, lift->each[rank]) : visit_py(a, c))) return false;
+    }
+    if (PyDict_GET_SIZE(kwargs)) {
+      Py_ssize_t pos = 0;
+      PyObject *k, *v;
+      while (PyDict_Next(kwargs, &pos, &k, &v)) {
+        c.key.w.push_back(kKw);
+        if (!visit_py(k, c)) return false;
+        const int rank = lift ? lift->rank(-1, k) : -1;
+        if (!(rank >= 0 ? visit_lifted_py(v, c, rank, lift->each[rank]) : visit_py(v, c))) return false;
+      }
+    }
+    return true;
+  }
+
+  // ---- keys from a boxed stack (the device switch) ----
+  // rank >= 0: a lifted position (each: a float list whose elements are lifted)
+  bool visit_iv(const c10::IValue& v, Call& c, int rank, bool each = false) {
+    auto& w = c.key.w;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        w.push_back(kNone);
+        return true;
+      }
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        // NOTE: Python receives a wrapped number back as the number: keyed as that number
+        if (t.scalar_type() == at::kDouble) return visit_iv(c10::IValue(t.item<double>()), c, rank);
+        if (t.scalar_type() == at::kLong) return visit_iv(c10::IValue(t.item<int64_t>()), c, -1);
+        if (t.scalar_type() == at::kBool) return visit_iv(c10::IValue(t.item<bool>()), c, -1);
+        return false;
+      }
+      return push_tensor(c, t);
+    }
+    if (v.isDouble()) {
+      const double d = v.toDouble();
+      const int cls = rank >= 0 && !each ? lift_class(d) : -1;
+      if (cls >= 0) {
+        w.push_back(kLifted);
+        w.push_back(cls);
+        c.lifted.emplace_back(rank, d);
+      } else {
+        w.push_back(kFloat);
+        w.push_back(float_word(d));
+      }
+      return true;
+    }
+    if (v.isInt()) {
+      w.push_back(kInt);
+      w.push_back(v.toInt());
+      return true;
+    }
+    if (v.isBool()) {
+      w.push_back(kBool);
+      w.push_back(v.toBool());
+      return true;
+    }
+    if (v.isNone()) {
+      w.push_back(kNone);
+      return true;
+    }
+    if (v.isDevice()) {
+      const auto d = v.toDevice();
+      w.push_back(kDevice);
+      w.push_back((static_cast<int64_t>(d.type()) << 16) | static_cast<uint16_t>(d.index()));
+      return true;
+    }
+    if (v.isString()) {
+      const auto& s = v.toStringRef();
+      push_str(c.key, s.data(), s.size());
+      return true;
+    }
+    if (v.isList()) {
+      auto list = v.toListRef();
+      w.push_back(kList);
+      w.push_back(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& item : list) {
+        if (!visit_iv(item, c, each ? rank : -1)) return false;
+      }
+      return true;
+    }
+    return false;
+  }
+
+  bool key_stack(const c10::OperatorHandle& op, const c10::IValue* args, size_t n, Call& c) {
+    c.key.w.reserve(48);
+    c.key.w.push_back(kOp);
+    c.key.w.push_back(reinterpret_cast<int64_t>(&op.schema()));
+    const auto lift = lift_for(&op.schema());
+    for (size_t i = 0; i < n; ++i) {
+      const int rank = lift ? lift->rank_at(static_cast<int>(i)) : -1;
+      if (!visit_iv(args[i], c, rank, rank >= 0 && lift->each[rank])) return false;
+    }
+    return true;
+  }
+
+  // ---- lookup and install ----
+  std::shared_ptr<const Program> find(const Key& k) {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : it->second;
+  }
+
+  void insert(Key&& k, std::shared_ptr<const Program> p) {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    // NOTE: a cache of Python's cache: when full it starts over, and keys come back from
+    // Python's LRU at the cost of one specialization each (no trace)
+    if (map_.size() >= maxsize_) map_.clear();
+    map_[std::move(k)] = std::move(p);
+  }
+
+  void set_lift(const void* op, Lift lift) {
+    auto p = lift.schema_index.empty() ? nullptr : std::make_shared<const Lift>(std::move(lift));
+    std::unique_lock<std::shared_mutex> g(mu_);
+    lifts_[op] = std::move(p);
+  }
+
+  // held by the caller while it keys: a concurrent install may replace the table's entry
+  std::shared_ptr<const Lift> lift_for(const void* op) {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    auto it = lifts_.find(op);
+    return it == lifts_.end() ? nullptr : it->second;
+  }
+
+  std::shared_ptr<Counter> counter(PyObject* op, bool lifted) {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    auto& slot = counters_[{op, lifted}];
+    if (!slot) {
+      Py_INCREF(op);  // held for the table's life: the report names it
+      slot = std::make_shared<Counter>();
+    }
+    return slot;
+  }
+
+  py::list counts() {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    py::list out;
+    for (auto& [k, c] : counters_) {
+      const int64_t n = c->hits.load(std::memory_order_relaxed);
+      if (n) out.append(py::make_tuple(py::handle(k.first), k.second, n));
+    }
+    return out;
+  }
+
+  void clear_counts() {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    for (auto& [k, c] : counters_) c->hits.store(0);
+  }
+
+  void clear() {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    map_.clear();
+    total_->hits.store(0);
+  }
+
+  int64_t total() { return total_->hits.load(std::memory_order_relaxed); }
+  std::shared_ptr<Counter> total_ = std::make_shared<Counter>();
+
+  size_t size() {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    return map_.size();
+  }
+
+  PyTypeObject* parameter_ = nullptr;
+
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<PyObject*, bool>& p) const { return std::hash<void*>()(p.first) ^ p.second; }
+  };
+  size_t maxsize_;
+  std::shared_mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> map_;
+  std::unordered_map<const void*, std::shared_ptr<const Lift>> lifts_;
+  std::unordered_map<std::pair<PyObject*, bool>, std::shared_ptr<Counter>, PairHash> counters_;
+};
+
+namespace {
+
+Lift make_lift(const c10::FunctionSchema& schema, py::handle positions) {
+  Lift lift;
+  const auto& formals = schema.arguments();
+  for (py::handle p : positions) {  // (index or -1, name or "", each)
+    py::tuple t = p.cast<py::tuple>();
+    const int index = t[0].cast<int>();
+    const std::string name = t[1].cast<std::string>();
+    for (size_t i = 0; i < formals.size(); ++i) {
+      if ((index >= 0 && static_cast<int>(i) == index) || (!name.empty() && formals[i].name() == name)) {
+        lift.index.push_back(index);
+        lift.name.push_back(name);
+        lift.schema_index.push_back(static_cast<int>(i));
+        lift.each.push_back(t[2].cast<bool>());
+      }
+    }
+  }
+  return lift;
+}
+
+py::object to_python(const c10::IValue& v) {
+  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
+  return torch::jit::toPyObject(v);
+}
+
+PyObject* g_miss = nullptr;  // eagerdecomp.program's MISS sentinel
+
+}  // namespace
+
+// ---- the mode's entry point ----------------------------------------------------------
+
+// The op's outputs on a hit, else MISS (Python's decompose goes on as without this table).
+py::object mode_call(Table& table, py::handle func, py::handle args, py::handle kwargs) {
+  Call c;
+  if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr()) || !table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) {
+    return py::reinterpret_borrow<py::object>(g_miss);
+  }
+  finish(c);
+  auto p = table.find(c.key);
+  if (!p) return py::reinterpret_borrow<py::object>(g_miss);
+  std::vector<c10::IValue> out;
+  {
+    py::gil_scoped_release nogil;  // the ops may take long, or call back into Python
+    out = run(*p, std::move(c.inputs));
+  }
+  if (p->list_out) {
+    py::list l(out.size());
+    for (size_t i = 0; i < out.size(); ++i) l[i] = to_python(out[i]);
+    return std::move(l);
+  }
+  if (out.size() == 1) return to_python(out[0]);
+  if (out.empty()) return py::none();
+  py::tuple t(out.size());
+  for (size_t i = 0; i < out.size(); ++i) t[i] = to_python(out[i]);
+  return std::move(t);
+}
+
+// Installs a program for this call's key (the mode): Python has just replayed its kernel.
+bool mode_install(Table& table, py::handle func, py::handle args, py::handle kwargs, py::handle positions,
+                  py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
+  const auto& schema = find_op(func.attr("_schema").attr("name").cast<std::string>(),
+                               func.attr("_schema").attr("overload_name").cast<std::string>()).schema();
+  table.set_lift(func.ptr(), make_lift(schema, positions));
+  Call c;
+  if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return false;
+  finish(c);
+  auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
+  p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
+  p->counter = table.counter(func.ptr(), c.inputs.size() > c.ids.size());  // some float was lifted
+  p->total = table.total_;
+  p->name = "eagerdecomp.replay " + py::str(func).cast<std::string>();
+  table.insert(std::move(c.key), std::move(p));
+  return true;
+}
+
+// ---- the device switch ---------------------------------------------------------------
+
+// Python's side of a miss: handler(name, overload, args, kwargs) -> (out, program or None),
+// program = (func, positions, calls, outputs, n_slots, slot_type).
+class Fallback final : public c10::OperatorKernel {
+ public:
+  Fallback(std::shared_ptr<Table> table, py::object handler) : table_(std::move(table)), handler_(std::move(handler)) {}
+  ~Fallback() override {
+    // NOTE: at interpreter exit the registration may die after Python has finalized: the
+    // handler is then leaked, not released (taking the GIL there crashes)
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) {
+      handler_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    handler_ = py::object();
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    const c10::IValue* args = stack->data() + stack->size() - n;
+    Call c;
+    const bool keyed = table_->key_stack(op, args, n, c);
+    if (keyed) {
+      finish(c);
+      if (auto p = table_->find(c.key)) {
+        std::vector<c10::IValue> out = run(*p, std::move(c.inputs));
+        torch::jit::drop(*stack, n);
+        push_outputs(schema, *p, std::move(out), stack);
+        return;
+      }
+    }
+    miss(op, stack, n);
+  }
+
+ private:
+  static void push_outputs(const c10::FunctionSchema& schema, const Program& p, std::vector<c10::IValue>&& out,
+                           torch::jit::Stack* stack) {
+    if (p.list_out) {
+      c10::List<at::Tensor> l;
+      for (auto& v : out) l.push_back(v.toTensor());
+      stack->emplace_back(std::move(l));
+      return;
+    }
+    for (auto& v : out) stack->push_back(std::move(v));
+  }
+
+  void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n) {
+    const auto& schema = op.schema();
+    std::vector<c10::IValue> saved(stack->end() - n, stack->end());
+    py::gil_scoped_acquire gil;
+    py::list pargs;
+    py::dict pkwargs;
+    for (size_t i = 0; i < n; ++i) {
+      const auto& f = schema.arguments()[i];
+      py::object v = argument_to_python(saved[i], f.real_type());  // real: dtypes are not ints
+      if (f.kwarg_only()) {
+        pkwargs[f.name().c_str()] = v;
+      } else {
+        pargs.append(v);
+      }
+    }
+    py::tuple result = handler_(schema.name(), schema.overload_name(), py::tuple(pargs), pkwargs);
+    torch::jit::drop(*stack, n);
+    py::object out = result[0];
+    const auto& returns = schema.returns();
+    if (returns.size() == 1) {
+      stack->push_back(torch::jit::toIValue(out, returns[0].type()));
+    } else if (!returns.empty()) {
+      py::tuple outs = out.cast<py::tuple>();
+      for (size_t i = 0; i < returns.size(); ++i) stack->push_back(torch::jit::toIValue(outs[i], returns[i].type()));
+    }
+    if (!result[1].is_none()) install(op, saved, result[1].cast<py::tuple>());
+  }
+
+  void install(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, py::tuple prog) {
+    const auto& schema = op.schema();
+    table_->set_lift(&schema, make_lift(schema, prog[1]));
+    Call c;
+    if (!table_->key_stack(op, args.data(), args.size(), c)) return;
+    finish(c);
+    auto p = std::make_shared<Program>(build(prog[2].cast<py::list>(), prog[3].cast<py::list>(), prog[4].cast<int>(), prog[5]));
+    p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
+    p->counter = table_->counter(prog[0].ptr(), c.inputs.size() > c.ids.size());
+    p->total = table_->total_;
+    p->name = "eagerdecomp.replay " + py::str(prog[0]).cast<std::string>();
+    table_->insert(std::move(c.key), std::move(p));
+  }
+
+  static py::object argument_to_python(const c10::IValue& v, const c10::TypePtr& type) {
+    c10::TypePtr t = type;
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    if (v.isInt()) {
+      // NOTE: the boxed stack carries dtypes, layouts and memory formats as ints; decompositions
+      // expect torch.dtype objects (x.is_floating_point), as Python's own fallback gives them
+      switch (t->kind()) {
+        case c10::TypeKind::ScalarTypeType:
+          return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+        case c10::TypeKind::LayoutType:
+          return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+        case c10::TypeKind::MemoryFormatType:
+          return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+        default:
+          break;
+      }
+    }
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      return torch::jit::toPyObject(v.toTensor().item());  // a Python number, as Python's fallback gives it
+    }
+    return to_python(v);
+  }
+
+  std::shared_ptr<Table> table_;
+  py::object handler_;
+};
+
+// A registration of Fallback on a dispatch key (the whole key, and named ops of aten).
+class Registration {
+ public:
+  Registration(std::shared_ptr<Table> table, py::object handler, const std::string& key, py::list ops) {
+    const auto k = c10::parseDispatchKey(key);
+    fallback_ = std::make_unique<torch::Library>(torch::Library::IMPL, "_", k, __FILE__, __LINE__);
+    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, handler)));
+    if (py::len(ops)) {
+      ops_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
+      for (py::handle name : ops) {
+        ops_->impl(name.cast<std::string>().c_str(),
+                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, handler)));
+      }
+    }
+  }
+  void remove() {
+    ops_.reset();
+    fallback_.reset();
+  }
+
+ private:
+  std::unique_ptr<torch::Library> fallback_, ops_;
+};
+
+void init(py::module_& m) {
+  auto h = m.def_submodule("hit", "The C++ hit path (csrc/hit.cpp)");
+  py::class_<Table, std::shared_ptr<Table>>(h, "Table")
+      .def(py::init([](size_t maxsize) {
+        auto t = std::make_shared<Table>(maxsize);
+        t->parameter_ = reinterpret_cast<PyTypeObject*>(py::module_::import("torch").attr("nn").attr("Parameter").ptr());
+        return t;
+      }))
+      .def("call", &mode_call)
+      .def("install", &mode_install)
+      .def("counts", &Table::counts)
+      .def("clear_counts", &Table::clear_counts)
+      .def("clear", &Table::clear)
+      .def("total", &Table::total)
+      .def("__len__", &Table::size);
+  py::class_<Registration>(h, "Registration")
+      .def(py::init<std::shared_ptr<Table>, py::object, const std::string&, py::list>())
+      .def("remove", &Registration::remove);
+  h.def("_init", [](py::object miss, std::string partial) {
+    g_miss = miss.release().ptr();
+    g_partial = std::move(partial);
+  });
+}
+
+}  // namespace eagerdecomp::hit

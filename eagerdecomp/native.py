@@ -1,0 +1,115 @@
+"""The C++ hit path, Python's side: install programs, hand out the table, serve misses.
+
+Each runtime has a C++ table (``csrc/hit.cpp``) in front of its Python cache. The
+table maps an exact key to a *program* (:mod:`eagerdecomp.program`): the key's
+kernel as a straight-line list of boxed operator calls. A call whose key is there
+is keyed, found and replayed in C++ with no Python; the mode's ``decompose`` asks
+it first (one C++ call), and the device switch's C++ fallback asks it before
+entering Python at all. On a miss Python does what it always did (trace, or replay
+from its cache, or a shape-generic kernel) and then :func:`offer` installs the
+program for that key, so the next call with it stays in C++.
+
+The table is a cache of Python's cache: bounded (it starts over when full; keys
+return at the cost of one specialization, not a trace), cleared with it, and its
+per-op hit counters are merged into the runtime's report. Kernels with no program
+(:class:`~eagerdecomp.program.NoProgram`: warnings to re-raise, sizes read from
+intermediates...) stay on Python replay, with the reason in the report
+(``OpRow.python_replay``). ``EAGERDECOMP_NO_EXT=1`` (or no C++ library) gives the
+pure-Python path, with identical results.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from . import _ext
+from .family import read_ints
+from .lift import Each
+from .overlap import PARTIAL
+from .program import NoProgram, Slot, specialize
+
+__all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for"]
+
+# C++ returns this object on a miss (the op's outputs are never it)
+MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
+
+MAXSIZE = int(os.environ.get("EAGERDECOMP_CACHE_SIZE", "4096"))
+_NO_PROGRAM_MAX = 4096  # keys remembered as having no program, per runtime (then forgotten)
+
+_tables: "weakref.WeakSet" = weakref.WeakSet()  # runtimes with a table, for clear_all
+_lock = threading.Lock()
+_init = []
+
+
+def enabled() -> bool:
+    """True when the C++ hit path is available (the library is loaded and has it)."""
+    lib = _ext.load()
+    return lib is not None and hasattr(lib, "hit")
+
+
+def table_for(runtime):
+    """A fresh C++ table for ``runtime``, or None on the pure-Python path."""
+    if not enabled():
+        return None
+    lib = _ext.load()
+    with _lock:
+        if not _init:
+            lib.hit._init(MISS, PARTIAL)
+            _init.append(True)
+        _tables.add(runtime)
+    runtime._no_program = {}
+    return lib.hit.Table(MAXSIZE)
+
+
+def _runtimes(cache) -> list:
+    with _lock:
+        return [rt for rt in _tables if rt.cache is cache and rt.native is not None]
+
+
+def clear_for(cache) -> None:
+    """Empty the tables in front of ``cache`` (when it is cleared) and their hit totals."""
+    for rt in _runtimes(cache):
+        rt.native.clear()
+        rt._no_program.clear()
+
+
+def hits_for(cache) -> int:
+    """Hits the tables in front of ``cache`` served since it was last cleared."""
+    return sum(rt.native.total() for rt in _runtimes(cache))
+
+
+def _positions(positions) -> list:
+    """lift.py's positions as the table reads them: ``(index or -1, name or "", each)``."""
+    out = []
+    for p in positions:
+        each = type(p) is Each
+        p = p.pos if each else p
+        out.append((p, "", each) if type(p) is int else (-1, p, each))
+    return out
+
+
+def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> None:
+    """``kernel`` just answered this call correctly: install its program for the call's key
+    (the mode), or leave it for the device switch's C++ fallback to install."""
+    if key in runtime._no_program:
+        return
+    try:
+        ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
+        calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
+        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot)
+        if runtime.serves_device:
+            runtime._tls.offer = program
+            return
+        if runtime.native.install(func, args, kwargs, *program[1:]):
+            return
+        reason = "an argument the C++ key does not take"
+    except NoProgram as e:
+        reason = str(e)
+    except (RuntimeError, TypeError, ValueError) as e:  # the C++ side could not convert an argument
+        reason = f"not convertible: {type(e).__name__}: {str(e)[:120]}"
+    if len(runtime._no_program) >= _NO_PROGRAM_MAX:
+        runtime._no_program.clear()
+    runtime._no_program[key] = None
+    runtime.stats.python_replay(func, reason)
