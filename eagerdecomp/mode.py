@@ -21,7 +21,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .opset import OpSet
 from .routes import defers_to_subclass
 from .runtime import runtime_for
-from .stats import Route
 
 __all__ = ["EagerDecompMode"]
 
@@ -60,6 +59,7 @@ class EagerDecompMode(TorchDispatchMode):
         self.opset = self.runtime.opset
         self._ops = self.opset.ops
         self._dispatch: Callable = self.runtime
+        self._passed = self.runtime.stats.passthrough
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # NOTE: only routes. Opset ops are the hot path: one set lookup, then the op.
@@ -69,7 +69,7 @@ class EagerDecompMode(TorchDispatchMode):
             # ops it runs come back here as plain tensors.
             return NotImplemented
         if func in self._ops:
-            self.runtime.stats.record(func, Route.PASSTHROUGH)
+            self._passed(func)
             return func(*args, **(kwargs or {}))
         return self._dispatch(func, args, kwargs or {})
 

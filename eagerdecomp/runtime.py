@@ -100,20 +100,32 @@ class Runtime:
             if tag in func.tags:
                 log.info("%s: decomposed eagerly on every call (%s)", func, reason)
                 return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
-        return self.decompose
+        if self.native is None or self.serves_device:  # (the device's C++ fallback asked already)
+            return self._decompose
+        call, miss, slow = self.native.call, native.MISS, self._decompose
+
+        def decompose(func, args, kwargs):  # the C++ hit path first: one call, then Python on a miss
+            out = call(func, args, kwargs)
+            return slow(func, args, kwargs) if out is miss else out
+
+        return decompose
 
     # -- routes --------------------------------------------------------------------
     def passthrough(self, func, args, kwargs):
-        self.stats.record(func, Route.PASSTHROUGH)
+        self.stats.passthrough(func)
         return func(*args, **kwargs)
 
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
-        table = self.native
-        if table is not None and not self.serves_device:
-            out = table.call(func, args, kwargs)  # a hit: keyed, found and replayed in C++
+        if self.native is not None and not self.serves_device:
+            out = self.native.call(func, args, kwargs)  # a hit: keyed, found and replayed in C++
             if out is not native.MISS:
                 return out
+        return self._decompose(func, args, kwargs)
+
+    def _decompose(self, func, args, kwargs):
+        """The Python path: key, look up (trace on a miss), replay; then install the program."""
+        table = self.native
         lift = self._lift.get(func)
         if lift is None:
             lift = self._lift[func] = lift_positions(func) + wrapped_positions(func)
@@ -155,7 +167,7 @@ class Runtime:
             # its floats change the graph: key them by value from now on, in this runtime
             self._lift[func] = ()
             stats.keyed_by_value(func)
-            return self.decompose(func, args, kwargs)
+            return self._decompose(func, args, kwargs)
         if type(entry) is Bypassed:
             if not made:
                 return self._lower_eagerly(func, args, kwargs, entry.reason, cache)

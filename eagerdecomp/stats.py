@@ -56,6 +56,7 @@ class Stats:
     def __init__(self):
         self._tls = threading.local()
         self._shards: list = []
+        self._passed: list = []  # per-thread pass-through counts (passthrough())
         self._lock = threading.Lock()  # shard list and kernel facts; never on the per-call path
         self.leaf_ops: dict = {}  # op -> set of opset ops its kernels call
         self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
@@ -77,13 +78,27 @@ class Stats:
                 self._shards.append(shard)
         shard[op, route, reason, cache] += 1
 
+    def passthrough(self, op) -> None:
+        """``record(op, Route.PASSTHROUGH)``, the hot path's own: a per-thread ``{op: calls}``."""
+        try:
+            passed = self._tls.passed
+        except AttributeError:
+            passed = self._tls.passed = {}
+            with self._lock:
+                self._passed.append(passed)
+        passed[op] = passed.get(op, 0) + 1
+
     def counts(self) -> Counter:
         """``(op, route, reason, cache) -> calls``, summed over threads."""
         total: Counter = Counter()
         with self._lock:
             shards = list(self._shards)
+            passed = list(self._passed)
         for shard in shards:
             total.update(shard.copy())
+        for p in passed:
+            for op, n in p.copy().items():
+                total[op, Route.PASSTHROUGH, None, None] += n
         if self.native is not None:  # hits served in C++, counted there (exact: atomics)
             for op, lifted, n in self.native.counts():
                 total[op, Route.REPLAY, NATIVE_LIFTED if lifted else NATIVE, "hit"] += n
@@ -133,6 +148,8 @@ class Stats:
         with self._lock:
             for shard in self._shards:
                 shard.clear()
+            for p in self._passed:
+                p.clear()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
             self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
         if self.native is not None:
