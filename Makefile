@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test conformance conformance-compiled models stress bench report corpus install clean
+.PHONY: demo test parity conformance conformance-compiled models stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# every runtime test file on the pure-Python path (no C++ key, no C++ hit path); make test runs a slice
+PARITY_TESTS ?= tests/test_mode.py tests/test_cache.py tests/test_routes.py tests/test_lift.py tests/test_lift_lists.py \
+	tests/test_semantics.py tests/test_threads.py tests/test_family.py tests/test_disk.py tests/test_training.py
+parity: install
+	EAGERDECOMP_NO_EXT=1 $(PY) -m pytest $(PARITY_TESTS) $(PYTEST_ARGS)
 
 conformance: install
 	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
