@@ -169,6 +169,7 @@ struct Step {
   int from = 0, index = 0;   // a pick: slot and index
   int rules = 0;             // a check: eagerdecomp/program.py's _RULES bits
   std::vector<int> dests, reads;
+  std::vector<int> release;  // slots read for the last time here: freed after it, as FX code does
 };
 
 std::string g_partial;  // eagerdecomp/overlap.py's PARTIAL message, eager's own
@@ -253,6 +254,9 @@ std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs
     for (const Arg& a : s.args) stack.push_back(materialize(a, slots));
     s.op->callBoxed(stack);
     for (int j = 0; j < s.count; ++j) slots[s.first + j] = std::move(stack[j]);
+    // NOTE: an intermediate freed at its last use lets the allocator hand its memory to the next
+    // one; held to the end, large tensors cost fresh pages on every call (1.2x at 1M elements)
+    for (int r : s.release) slots[r] = c10::IValue();
   }
   std::vector<c10::IValue> out;
   out.reserve(p.outputs.size());
@@ -296,13 +300,42 @@ Arg make_arg(py::handle x, const c10::TypePtr& type, PyObject* slot_type) {
     for (py::handle y : x) a.items.push_back(make_arg(y, a.elem, slot_type));
     return a;
   }
-  torch::jit::ToIValueAllowNumbersAsTensors numbers(true);  // as Python's operator call converts
+  PyTypeObject* t = Py_TYPE(x.ptr());
+  if (is_tensor_type(type) && (t == &PyFloat_Type || t == &PyLong_Type || t == &PyBool_Type)) {
+    // NOTE: a number where the schema wants a Tensor becomes a *wrapped* number, as Python's
+    // operator call makes it: it promotes like a scalar and takes the kernels' scalar fast path
+    a.value = wrapped(t == &PyFloat_Type  ? c10::IValue(PyFloat_AS_DOUBLE(x.ptr()))
+                      : t == &PyBool_Type ? c10::IValue(x.ptr() == Py_True)
+                                          : c10::IValue(static_cast<int64_t>(x.cast<int64_t>())));
+    return a;
+  }
   a.value = torch::jit::toIValue(x, type);
   return a;
 }
 
 c10::OperatorHandle find_op(const std::string& name, const std::string& overload) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+}
+
+void reads_of(const Arg& a, std::vector<int>& out) {
+  if (a.kind == Arg::kSlot) out.push_back(a.slot);
+  for (const Arg& item : a.items) reads_of(item, out);
+}
+
+// Each slot's last reader releases it (outputs excepted; a check step releases nothing).
+void plan_releases(Program& p) {
+  std::vector<int> last(p.n_slots, -1);
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const Step& s = p.steps[i];
+    std::vector<int> reads;
+    for (const Arg& a : s.args) reads_of(a, reads);
+    if (s.kind == Step::kPick) reads.push_back(s.from);
+    for (int r : reads) last[r] = static_cast<int>(i);
+  }
+  for (int o : p.outputs) last[o] = -1;
+  for (int slot = 0; slot < p.n_slots; ++slot) {
+    if (last[slot] >= 0 && p.steps[last[slot]].kind != Step::kCheck) p.steps[last[slot]].release.push_back(slot);
+  }
 }
 
 Program build(py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
@@ -354,6 +387,7 @@ Program build(py::list calls, py::list outputs, int n_slots, py::handle slot_typ
     }
     p.steps.push_back(std::move(s));
   }
+  plan_releases(p);
   return p;
 }
 
