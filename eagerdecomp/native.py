@@ -24,6 +24,8 @@ import os
 import threading
 import weakref
 
+import torch
+
 from . import _ext
 from .family import read_ints
 from .lift import Each
@@ -90,12 +92,23 @@ def _positions(positions) -> list:
     return out
 
 
+def _changed(key, tensors) -> bool:
+    """Whether a tensor's sizes, strides or offset differ from the key's (read before the call)."""
+    metas = [p for p in key.parts if type(p) is tuple and len(p) == 7 and type(p[0]) is torch.Size]
+    return len(metas) != len(tensors) or any(
+        (m[0], m[1], m[2]) != (t.shape, t.stride(), t.storage_offset()) for m, t in zip(metas, tensors))
+
+
 def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> None:
     """``kernel`` just answered this call correctly: install its program for the call's key
     (the mode), or leave it for the device switch's C++ fallback to install."""
     if key in runtime._no_program:
         return
     try:
+        if torch.Tag.inplace_view in func.tags or _changed(key, tensors):
+            # NOTE: squeeze_, t_, a resized out=... changed an argument's sizes: installing reads
+            # the key from the arguments after the call, which would file the program wrongly
+            raise NoProgram("the call changes an argument's sizes or strides")
         ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
         calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
         program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot)
@@ -107,7 +120,7 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> N
         reason = "an argument the C++ key does not take"
     except NoProgram as e:
         reason = str(e)
-    except (RuntimeError, TypeError, ValueError) as e:  # the C++ side could not convert an argument
+    except Exception as e:  # noqa: BLE001 - the call succeeded; only its program is given up
         reason = f"not convertible: {type(e).__name__}: {str(e)[:120]}"
     if len(runtime._no_program) >= _NO_PROGRAM_MAX:
         runtime._no_program.clear()
