@@ -1,6 +1,8 @@
 """The device switch: every op a device has no kernel for goes through eagerdecomp.
 
-:func:`enable` registers one boxed Python fallback on the device's dispatch key.
+:func:`enable` registers one boxed fallback on the device's dispatch key: the C++ hit path's
+(``csrc/hit.cpp``, :mod:`eagerdecomp.native`), which serves calls whose key has a program with no
+Python, and calls the Python kernel below on a miss; a Python fallback on the pure-Python path.
 The dispatcher calls it only for ops with no kernel of any kind for that key
 (a device kernel, or PyTorch's composite kernels, run first), after autograd
 has recorded the op, so backward ops take the same path. The fallback hands
