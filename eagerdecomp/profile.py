@@ -14,7 +14,8 @@ and the routes of ops outside ATen compute (``communication``, ``custom op``,
 
 The time outside the mode (Python, autograd, the framework) is the rest of the wall
 time. Timing is done by a subclass of the mode used only here, so the ordinary mode
-pays nothing for it.
+pays nothing for it. Hits are served by the Python hit path in a profile (a C++ hit
+records no route per call), so ``replay`` times that path, not ``csrc/hit.cpp``'s.
 
 Example::
 
@@ -62,6 +63,10 @@ class _LastRoute(Stats):
         super().record(op, route, reason, cache)
         self.last = route
 
+    def passthrough(self, op) -> None:
+        super().passthrough(op)
+        self.last = Route.PASSTHROUGH
+
 
 class _TimedMode(EagerDecompMode):
     """EagerDecompMode that times each call and files it under the route the runtime recorded."""
@@ -69,6 +74,10 @@ class _TimedMode(EagerDecompMode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.runtime.stats = _LastRoute()
+        self._passed = self.runtime.stats.passthrough
+        # NOTE: every call is filed under the route Python records for it, so hits are served by
+        # the Python hit path here (a C++ hit records nothing per call); a profile times that path
+        self.runtime.native = None
         self.seconds: dict = defaultdict(float)  # (op, route) -> s
         self.counts: Counter = Counter()  # (op, route) -> calls
 
