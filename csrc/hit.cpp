@@ -237,6 +237,9 @@ c10::IValue materialize(const Arg& a, const std::vector<c10::IValue>& slots) {
 std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs) {
   at::RecordFunction range(at::RecordScope::USER_SCOPE);  // a flag test unless a profiler runs
   if (range.isActive()) range.before(p.name.c_str());
+  // counted before it runs, as Python records a replay: a hit whose overlap check raises is a hit
+  p.counter->hits.fetch_add(1, std::memory_order_relaxed);
+  p.total->hits.fetch_add(1, std::memory_order_relaxed);
   std::vector<c10::IValue> slots(std::move(inputs));
   slots.resize(p.n_slots);
   torch::jit::Stack stack;
@@ -261,8 +264,6 @@ std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs
   std::vector<c10::IValue> out;
   out.reserve(p.outputs.size());
   for (int i : p.outputs) out.push_back(slots[i]);
-  p.counter->hits.fetch_add(1, std::memory_order_relaxed);
-  p.total->hits.fetch_add(1, std::memory_order_relaxed);
   return out;
 }
 
