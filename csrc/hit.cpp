@@ -204,7 +204,8 @@ struct Program {
   std::vector<int> outputs;
   int n_slots = 0;
   bool list_out = false;  // the op returns one Tensor[]
-  std::shared_ptr<Counter> counter;  // this op's hits, for the report
+  PyObject* op = nullptr;            // its OpOverload (a reference held for the process' life)
+  bool lifted = false;               // some float of the key was lifted: the report says so
   std::shared_ptr<Counter> total;    // the table's hits, for cache_info()
   std::string name;                  // its profiler range, as eagerdecomp/observe.py names it
 };
@@ -237,8 +238,6 @@ c10::IValue materialize(const Arg& a, const std::vector<c10::IValue>& slots) {
 std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs) {
   at::RecordFunction range(at::RecordScope::USER_SCOPE);  // a flag test unless a profiler runs
   if (range.isActive()) range.before(p.name.c_str());
-  // counted before it runs, as Python records a replay: a hit whose overlap check raises is a hit
-  p.counter->hits.fetch_add(1, std::memory_order_relaxed);
   p.total->hits.fetch_add(1, std::memory_order_relaxed);
   std::vector<c10::IValue> slots(std::move(inputs));
   slots.resize(p.n_slots);
@@ -654,31 +653,6 @@ class Table {
     return it == lifts_.end() ? nullptr : it->second;
   }
 
-  std::shared_ptr<Counter> counter(PyObject* op, bool lifted) {
-    std::unique_lock<std::shared_mutex> g(mu_);
-    auto& slot = counters_[{op, lifted}];
-    if (!slot) {
-      Py_INCREF(op);  // held for the table's life: the report names it
-      slot = std::make_shared<Counter>();
-    }
-    return slot;
-  }
-
-  py::list counts() {
-    std::shared_lock<std::shared_mutex> g(mu_);
-    py::list out;
-    for (auto& [k, c] : counters_) {
-      const int64_t n = c->hits.load(std::memory_order_relaxed);
-      if (n) out.append(py::make_tuple(py::handle(k.first), k.second, n));
-    }
-    return out;
-  }
-
-  void clear_counts() {
-    std::shared_lock<std::shared_mutex> g(mu_);
-    for (auto& [k, c] : counters_) c->hits.store(0);
-  }
-
   void clear() {
     std::unique_lock<std::shared_mutex> g(mu_);
     map_.clear();
@@ -696,14 +670,54 @@ class Table {
   PyTypeObject* parameter_ = nullptr;
 
  private:
-  struct PairHash {
-    size_t operator()(const std::pair<PyObject*, bool>& p) const { return std::hash<void*>()(p.first) ^ p.second; }
-  };
   size_t maxsize_;
   std::shared_mutex mu_;
   std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> map_;
   std::unordered_map<const void*, std::shared_ptr<const Lift>> lifts_;
-  std::unordered_map<std::pair<PyObject*, bool>, std::shared_ptr<Counter>, PairHash> counters_;
+};
+
+// One runtime's hits per (op, lifted): the table is shared by the runtimes of one cache (a
+// new mode per step starts warm), the report is each runtime's own.
+class Counts {
+ public:
+  // counted before the program runs, as Python records a replay: a hit whose check raises is a hit
+  void bump(const Program& p) {
+    const std::pair<PyObject*, bool> k{p.op, p.lifted};
+    {
+      std::shared_lock<std::shared_mutex> g(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) {
+        it->second->hits.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    std::unique_lock<std::shared_mutex> g(mu_);
+    auto& slot = map_[k];
+    if (!slot) slot = std::make_shared<Counter>();
+    slot->hits.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  py::list counts() {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    py::list out;
+    for (auto& [k, c] : map_) {
+      const int64_t n = c->hits.load(std::memory_order_relaxed);
+      if (n) out.append(py::make_tuple(py::handle(k.first), k.second, n));
+    }
+    return out;
+  }
+
+  void clear_counts() {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    for (auto& [k, c] : map_) c->hits.store(0);
+  }
+
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<PyObject*, bool>& p) const { return std::hash<void*>()(p.first) ^ p.second; }
+  };
+  std::shared_mutex mu_;
+  std::unordered_map<std::pair<PyObject*, bool>, std::shared_ptr<Counter>, PairHash> map_;
 };
 
 namespace {
@@ -739,7 +753,7 @@ PyObject* g_miss = nullptr;  // eagerdecomp.program's MISS sentinel
 // ---- the mode's entry point ----------------------------------------------------------
 
 // The op's outputs on a hit, else MISS (Python's decompose goes on as without this table).
-py::object mode_call(Table& table, py::handle func, py::handle args, py::handle kwargs) {
+py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle args, py::handle kwargs) {
   Call c;
   if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr()) || !table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) {
     return py::reinterpret_borrow<py::object>(g_miss);
@@ -747,6 +761,7 @@ py::object mode_call(Table& table, py::handle func, py::handle args, py::handle 
   finish(c);
   auto p = table.find(c.key);
   if (!p) return py::reinterpret_borrow<py::object>(g_miss);
+  counts.bump(*p);
   std::vector<c10::IValue> out;
   {
     py::gil_scoped_release nogil;  // the ops may take long, or call back into Python
@@ -775,7 +790,8 @@ bool mode_install(Table& table, py::handle func, py::handle args, py::handle kwa
   finish(c);
   auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
   p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
-  p->counter = table.counter(func.ptr(), c.inputs.size() > c.ids.size());  // some float was lifted
+  p->op = func.inc_ref().ptr();
+  p->lifted = c.inputs.size() > c.ids.size();
   p->total = table.total_;
   p->name = "eagerdecomp.replay " + py::str(func).cast<std::string>();
   table.insert(std::move(c.key), std::move(p));
@@ -788,7 +804,8 @@ bool mode_install(Table& table, py::handle func, py::handle args, py::handle kwa
 // program = (func, positions, calls, outputs, n_slots, slot_type).
 class Fallback final : public c10::OperatorKernel {
  public:
-  Fallback(std::shared_ptr<Table> table, py::object handler) : table_(std::move(table)), handler_(std::move(handler)) {}
+  Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler)
+      : table_(std::move(table)), counts_(std::move(counts)), handler_(std::move(handler)) {}
   ~Fallback() override {
     // NOTE: at interpreter exit the registration may die after Python has finalized: the
     // handler is then leaked, not released (taking the GIL there crashes)
@@ -814,6 +831,7 @@ class Fallback final : public c10::OperatorKernel {
     if (keyed) {
       finish(c);
       if (auto p = table_->find(c.key)) {
+        counts_->bump(*p);
         std::vector<c10::IValue> out = run(*p, std::move(c.inputs));
         torch::jit::drop(*stack, n);
         push_outputs(schema, *p, std::move(out), stack);
@@ -871,7 +889,8 @@ class Fallback final : public c10::OperatorKernel {
     finish(c);
     auto p = std::make_shared<Program>(build(prog[2].cast<py::list>(), prog[3].cast<py::list>(), prog[4].cast<int>(), prog[5]));
     p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
-    p->counter = table_->counter(prog[0].ptr(), c.inputs.size() > c.ids.size());
+    p->op = py::object(prog[0]).release().ptr();
+    p->lifted = c.inputs.size() > c.ids.size();
     p->total = table_->total_;
     p->name = "eagerdecomp.replay " + py::str(prog[0]).cast<std::string>();
     table_->insert(std::move(c.key), std::move(p));
@@ -901,21 +920,23 @@ class Fallback final : public c10::OperatorKernel {
   }
 
   std::shared_ptr<Table> table_;
+  std::shared_ptr<Counts> counts_;
   py::object handler_;
 };
 
 // A registration of Fallback on a dispatch key (the whole key, and named ops of aten).
 class Registration {
  public:
-  Registration(std::shared_ptr<Table> table, py::object handler, const std::string& key, py::list ops) {
+  Registration(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, const std::string& key,
+               py::list ops) {
     const auto k = c10::parseDispatchKey(key);
     fallback_ = std::make_unique<torch::Library>(torch::Library::IMPL, "_", k, __FILE__, __LINE__);
-    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, handler)));
+    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler)));
     if (py::len(ops)) {
       ops_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
       for (py::handle name : ops) {
         ops_->impl(name.cast<std::string>().c_str(),
-                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, handler)));
+                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler)));
       }
     }
   }
@@ -938,13 +959,15 @@ void init(py::module_& m) {
       }))
       .def("call", &mode_call)
       .def("install", &mode_install)
-      .def("counts", &Table::counts)
-      .def("clear_counts", &Table::clear_counts)
       .def("clear", &Table::clear)
       .def("total", &Table::total)
       .def("__len__", &Table::size);
+  py::class_<Counts, std::shared_ptr<Counts>>(h, "Counts")
+      .def(py::init<>())
+      .def("counts", &Counts::counts)
+      .def("clear_counts", &Counts::clear_counts);
   py::class_<Registration>(h, "Registration")
-      .def(py::init<std::shared_ptr<Table>, py::object, const std::string&, py::list>())
+      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, const std::string&, py::list>())
       .def("remove", &Registration::remove);
   h.def("_init", [](py::object miss, std::string partial) {
     g_miss = miss.release().ptr();

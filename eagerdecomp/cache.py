@@ -226,6 +226,12 @@ class KernelCache:
         with self._lock:
             self._lru[key] = entry
 
+    def kernels_of(self, op, limit: int = 4) -> list:
+        """Up to ``limit`` cached kernels of ``op`` (what it runs, for a report)."""
+        with self._lock:
+            out = [v for v in self._lru.values() if getattr(v, "op", None) is op]
+        return out[:limit]
+
     def discard(self, key) -> None:
         with self._lock:
             self._lru.pop(key, None)

@@ -265,7 +265,7 @@ def enable(
 
             runtime.serves_device = True
             names = [_impl_name(op) for op, _ in taken]
-            library = load().hit.Registration(runtime.native, _miss_handler(runtime, kernel), key, names)
+            library = load().hit.Registration(runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names)
             composites = None
         else:
             library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace

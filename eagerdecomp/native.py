@@ -1,6 +1,7 @@
 """The C++ hit path, Python's side: install programs, hand out the table, serve misses.
 
-Each runtime has a C++ table (``csrc/hit.cpp``) in front of its Python cache. The
+Each kernel cache has a C++ table (``csrc/hit.cpp``) in front of it, shared by the
+runtimes over it (each counts its own hits). The
 table maps an exact key to a *program* (:mod:`eagerdecomp.program`): the key's
 kernel as a straight-line list of boxed operator calls. A call whose key is there
 is keyed, found and replayed in C++ with no Python; the mode's ``decompose`` asks
@@ -51,18 +52,26 @@ def enabled() -> bool:
     return lib is not None and hasattr(lib, "hit")
 
 
-def table_for(runtime):
-    """A fresh C++ table for ``runtime``, or None on the pure-Python path."""
+def table_for(runtime) -> tuple:
+    """``(table, counts)`` for ``runtime``, or ``(None, None)`` on the pure-Python path.
+
+    NOTE: the table is its cache's (shared by every runtime over it, so a mode made per
+    step starts with the programs earlier ones installed); the counts are the runtime's own.
+    """
     if not enabled():
-        return None
+        return None, None
     lib = _ext.load()
+    cache = runtime.cache
     with _lock:
         if not _init:
             lib.hit._init(MISS, PARTIAL)
             _init.append(True)
+        table = getattr(cache, "native_table", None)
+        if table is None:
+            table = cache.native_table = lib.hit.Table(MAXSIZE)
         _tables.add(runtime)
     runtime._no_program = {}
-    return lib.hit.Table(MAXSIZE)
+    return table, lib.hit.Counts()
 
 
 def _runtimes(cache) -> list:
@@ -71,15 +80,18 @@ def _runtimes(cache) -> list:
 
 
 def clear_for(cache) -> None:
-    """Empty the tables in front of ``cache`` (when it is cleared) and their hit totals."""
+    """Empty the table in front of ``cache`` (when it is cleared) and its hit total."""
+    table = getattr(cache, "native_table", None)
+    if table is not None:
+        table.clear()
     for rt in _runtimes(cache):
-        rt.native.clear()
         rt._no_program.clear()
 
 
 def hits_for(cache) -> int:
-    """Hits the tables in front of ``cache`` served since it was last cleared."""
-    return sum(rt.native.total() for rt in _runtimes(cache))
+    """Hits the table in front of ``cache`` served since it was last cleared."""
+    table = getattr(cache, "native_table", None)
+    return table.total() if table is not None else 0
 
 
 def _positions(positions) -> list:

@@ -79,8 +79,9 @@ class Runtime:
         self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
         # the C++ hit path (eagerdecomp.native): None on the pure-Python path, and under
         # compile= (a compiled kernel, not a program, answers hot keys there)
-        self.native = native.table_for(self) if compiler is None else None
-        self.stats.native = self.native
+        self.native, self.native_counts = native.table_for(self) if compiler is None else (None, None)
+        self.stats.native = self.native_counts
+        self.stats.kernels_of = cache.kernels_of  # what a kernel served only in C++ runs, for the report
         self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
 
     # -- routing -------------------------------------------------------------------
@@ -102,10 +103,10 @@ class Runtime:
                 return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
         if self.native is None or self.serves_device:  # (the device's C++ fallback asked already)
             return self._decompose
-        call, miss, slow = self.native.call, native.MISS, self._decompose
+        call, counts, miss, slow = self.native.call, self.native_counts, native.MISS, self._decompose
 
         def decompose(func, args, kwargs):  # the C++ hit path first: one call, then Python on a miss
-            out = call(func, args, kwargs)
+            out = call(counts, func, args, kwargs)
             return slow(func, args, kwargs) if out is miss else out
 
         return decompose
@@ -118,7 +119,7 @@ class Runtime:
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
         if self.native is not None and not self.serves_device:
-            out = self.native.call(func, args, kwargs)  # a hit: keyed, found and replayed in C++
+            out = self.native.call(self.native_counts, func, args, kwargs)  # a hit: keyed, found, replayed in C++
             if out is not native.MISS:
                 return out
         return self._decompose(func, args, kwargs)

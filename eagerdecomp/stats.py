@@ -66,7 +66,8 @@ class Stats:
         self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
         self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
         self.python_only: dict = {}  # op -> reasons some of its keys have no C++ program
-        self.native = None  # the runtime's C++ table (eagerdecomp.native): its hits are counted there
+        self.native = None  # the runtime's C++ hit counts (eagerdecomp.native)
+        self.kernels_of = None  # op -> cached kernels: what an op served only in C++ runs
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
         """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
@@ -157,7 +158,14 @@ class Stats:
 
     def report(self) -> "Report":
         rows: dict = {}
-        for (op, route, reason, cache), n in self.counts().items():
+        counts = self.counts()
+        if self.kernels_of is not None:
+            # NOTE: an op another runtime installed is served in C++ from this runtime's first
+            # call, so Python never saw its kernel here: read what it runs from the cache
+            for op in {k[0] for k in counts if k[2] in (NATIVE, NATIVE_LIFTED)} - self.leaf_ops.keys():
+                for kernel in self.kernels_of(op):
+                    self.record_kernel(kernel)
+        for (op, route, reason, cache), n in counts.items():
             row = rows.get(op)
             if row is None:
                 row = rows[op] = OpRow(op=str(op))

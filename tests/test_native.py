@@ -260,3 +260,17 @@ def test_device_disable_removes_the_fallback(edref):
         torch.nn.functional.silu(x)
     backend.enable(dev.type)
     assert torch.allclose(torch.nn.functional.silu(x).cpu(), torch.nn.functional.silu(x.cpu()))
+
+
+def test_a_new_mode_per_step_starts_warm():
+    x = torch.randn(7, 3)
+    with ed.EagerDecompMode("core_aten"):
+        for _ in range(2):
+            torch.nn.functional.silu(x)
+    fresh = ed.EagerDecompMode("core_aten")  # as `with EagerDecompMode(): step()` in a loop makes
+    with fresh:
+        y = torch.nn.functional.silu(x)
+    row = fresh.report().row(aten.silu.default)
+    assert (row.calls, row.native) == (1, 1)  # served in C++ from its first call
+    assert row.into == ["aten.mul.Tensor", "aten.sigmoid.default"]  # read from the shared cache
+    assert torch.equal(y, x * torch.sigmoid(x))
