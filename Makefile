@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test parity conformance conformance-compiled models stress bench report corpus install clean
+.PHONY: demo test parity conformance conformance-merge conformance-compiled models stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,14 @@ PARITY_TESTS ?= tests/test_mode.py tests/test_cache.py tests/test_routes.py test
 parity: install
 	EAGERDECOMP_NO_EXT=1 $(PY) -m pytest $(PARITY_TESTS) $(PYTEST_ARGS)
 
+# SHARD=i/n runs one of n disjoint parts (rows kept in reports/shards/); conformance-merge
+# then writes the one summary from all n, so the full run can span machines or sessions
+SHARD ?=
 conformance: install
-	EAGERDECOMP_CONFORMANCE=full $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
+	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SHARD=$(SHARD) $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
+
+conformance-merge: install
+	$(PY) -m tests.conformance.summary reports
 
 # the OpInfo suite with compile="inductor": every OpInfo, capped at 2 samples per dtype (each
 # sample compiles its kernels), answered by the compiled code and compared with eager

@@ -6,7 +6,10 @@ sample, and writes ``reports/conformance.md`` and ``.json``. Without it,
 ``make test`` runs the fast slice (:func:`fast_slice`): every OpInfo, at one
 dtype each, on its first samples, which keeps every op's path honest within
 CI's budget. ``EAGERDECOMP_CONFORMANCE_SAMPLES=N`` caps a full run at N samples
-per OpInfo and dtype (the summary says so). Under pytest-xdist (``-n N``; ``make
+per OpInfo and dtype (the summary says so). ``EAGERDECOMP_CONFORMANCE_SHARD=i/n`` runs
+the i-th of n disjoint parts of the selection (``make conformance SHARD=i/n``) and writes
+its rows to ``reports/shards/``; ``make conformance-merge`` writes the one summary from
+all n parts, so a full run can be spread over machines or sessions. Under pytest-xdist (``-n N``; ``make
 conformance`` passes ``-n $(JOBS)``) each worker hands its rows to the controller,
 which writes the one summary.
 """
@@ -26,6 +29,24 @@ FULL = os.environ.get("EAGERDECOMP_CONFORMANCE", "").lower() == "full"
 MAX_SAMPLES = int(os.environ.get("EAGERDECOMP_CONFORMANCE_SAMPLES", "0")) or None
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16)
 FAST_SAMPLES = 2  # samples per (OpInfo, dtype) in the fast slice
+
+
+def _shard(spec: str):
+    if not spec:
+        return None
+    i, _, n = spec.partition("/")
+    i, n = int(i), int(n)
+    if not 1 <= i <= n:
+        raise ValueError(f"EAGERDECOMP_CONFORMANCE_SHARD={spec!r}: expected i/n with 1 <= i <= n")
+    return i, n
+
+
+SHARD = _shard(os.environ.get("EAGERDECOMP_CONFORMANCE_SHARD", ""))
+
+
+def in_shard(test_id: str) -> bool:
+    """Whether a test id falls in this run's shard (a stable hash, so parts never overlap)."""
+    return SHARD is None or zlib.crc32(test_id.encode()) % SHARD[1] == SHARD[0] - 1
 
 # Where the fast slice takes its one dtype from, in order of preference: float64 first,
 # so differentiable ops also check their gradients; a stable ~1/6 of ops run at another
@@ -65,7 +86,9 @@ def params() -> list:
     for opinfo in _op_db():
         dtypes = supported(opinfo)
         for dtype in dtypes if FULL else fast_slice(opinfo, dtypes):
-            out.append(pytest.param(opinfo, dtype, id=f"{opinfo.full_name}-{dtype_name(dtype)}"))
+            test_id = f"{opinfo.full_name}-{dtype_name(dtype)}"
+            if in_shard(test_id):
+                out.append(pytest.param(opinfo, dtype, id=test_id))
     return out
 
 
@@ -110,6 +133,12 @@ def pytest_sessionfinish(session, exitstatus):
     narrowed = (opt.keyword or opt.markexpr or getattr(opt, "lf", False)
                 or any("::" in a for a in session.config.args))
     if _RESULTS.rows and not narrowed:
-        from .summary import write_summary
+        from .summary import write_shard, write_summary
 
-        write_summary(_RESULTS, os.path.join(str(session.config.rootpath), "reports"), full=FULL)
+        reports = os.path.join(str(session.config.rootpath), "reports")
+        if SHARD is not None:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            failed = [r.nodeid for r in (reporter.stats.get("failed", []) if reporter else [])]
+            write_shard(_RESULTS, reports, SHARD, failed, int(exitstatus), full=FULL)
+            return
+        write_summary(_RESULTS, reports, full=FULL)

@@ -13,7 +13,7 @@ import torch
 
 from .harness import CLASSES
 
-__all__ = ["write_summary"]
+__all__ = ["write_summary", "write_shard", "merge_shards"]
 
 
 def _collect(results):
@@ -37,8 +37,11 @@ def _collect(results):
     return per_op, totals, variants
 
 
-def write_summary(results, directory: str, full: bool = True) -> None:
-    """Write ``conformance.{md,json}`` (a full run) or ``conformance-fast.{md,json}`` (the fast slice)."""
+def write_summary(results, directory: str, full: bool = True, extra: dict | None = None) -> None:
+    """Write ``conformance.{md,json}`` (a full run) or ``conformance-fast.{md,json}`` (the fast slice).
+
+    ``extra`` adds to the summary's meta (a merged run's shards, commits and failed tests).
+    """
     per_op, totals, variants = _collect(results)
     os.makedirs(directory, exist_ok=True)
     has_path = sum(totals[c] for c in ("pass", "pass-native", "wrong", "error"))
@@ -54,6 +57,7 @@ def write_summary(results, directory: str, full: bool = True) -> None:
         "counts": {c: totals[c] for c in CLASSES},
         "pass_rate_with_path": round(passed / has_path, 5) if has_path else None,
         "by_variant": {f"{v}:{c}": n for (v, c), n in sorted(variants.items())},
+        **(extra or {}),
     }
     ops = {
         name: {
@@ -73,6 +77,75 @@ def write_summary(results, directory: str, full: bool = True) -> None:
         f.write(_markdown(meta, ops))
 
 
+def _commit(directory: str) -> str:
+    """The checkout's commit, with ``+dirty`` when tracked files differ from it ("" outside git)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def write_shard(results, directory: str, shard: tuple, failed: list, exitstatus: int, full: bool = True) -> None:
+    """Write one shard's rows (``reports/shards/I-of-N.json``) for :func:`merge_shards`."""
+    import dataclasses
+
+    i, n = shard
+    os.makedirs(os.path.join(directory, "shards"), exist_ok=True)
+    data = {
+        "shard": [i, n],
+        "full": full,
+        "scope": _scope(full),
+        "commit": _commit(directory),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "wall_s": round(time.time() - results.started),
+        "exitstatus": exitstatus,
+        "failed": failed,
+        "rows": [(n_, d, k, dataclasses.asdict(o), w) for n_, d, k, o, w in results.rows],
+    }
+    path = os.path.join(directory, "shards", f"{i}-of-{n}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
+def merge_shards(directory: str) -> dict:
+    """Merge ``reports/shards/*.json`` into the full summary; refuses a missing or mixed set."""
+    from .conftest import Results
+    from .harness import Outcome
+
+    shards = []
+    for name in sorted(os.listdir(os.path.join(directory, "shards"))):
+        if name.endswith(".json"):
+            with open(os.path.join(directory, "shards", name)) as f:
+                shards.append(json.load(f))
+    counts = {tuple(s["shard"])[1] for s in shards}
+    if len(counts) != 1:
+        raise SystemExit(f"shards of different splits in {directory}/shards: {sorted(counts)}; remove the stale ones")
+    (n,) = counts
+    missing = sorted(set(range(1, n + 1)) - {s["shard"][0] for s in shards})
+    if missing:
+        raise SystemExit(f"shards {missing} of {n} have not run (make conformance SHARD=i/{n})")
+    if len({s["scope"] for s in shards}) != 1:
+        raise SystemExit("the shards ran with different scopes (EAGERDECOMP_CONFORMANCE_SAMPLES differs)")
+    results = Results()
+    for s in shards:
+        for name, dtype, index, outcome, why in s["rows"]:
+            results.add(name, dtype, index, Outcome(**outcome), why)
+    extra = {
+        "command": f"make conformance SHARD=i/{n} for i in 1..{n}, then make conformance-merge",
+        "wall_s": sum(s["wall_s"] for s in shards),
+        "commits": sorted({s["commit"] for s in shards}),
+        "failed_tests": sorted(t for s in shards for t in s["failed"]),
+        "date": max(s["date"] for s in shards),
+    }
+    write_summary(results, directory, full=shards[0]["full"], extra=extra)
+    return extra
+
+
 def _scope(full: bool) -> str:
     from .conftest import FAST_SAMPLES, MAX_SAMPLES
 
@@ -83,12 +156,20 @@ def _scope(full: bool) -> str:
     return "every OpInfo at every supported dtype, every sample"
 
 
+def _commits(meta) -> str:
+    if "commits" not in meta:
+        return ""
+    failed = meta["failed_tests"]
+    return (f" (summed over shards), at commit{'s' if len(meta['commits']) > 1 else ''} {', '.join(meta['commits'])}; "
+            f"failed tests: {', '.join(failed) if failed else 'none'}")
+
+
 def _markdown(meta, ops) -> str:
     lines = [
         "# Conformance: PyTorch's OpInfo database under EagerDecompMode(\"core_aten\")",
         "",
         f"Generated by `{meta['command']}` on {meta['date']} with torch {meta['torch']} (Python {meta['python']}), "
-        f"in {meta['wall_s']} s. Scope: {meta['scope']} (dtypes among float32, float64, int64, "
+        f"in {meta['wall_s']} s{_commits(meta)}. Scope: {meta['scope']} (dtypes among float32, float64, int64, "
         "bool and bfloat16); in-place and out= variants where the OpInfo has them; gradients of "
         "float64 samples of differentiable ops. See `tests/conformance/` for what is compared.",
         "",
@@ -116,3 +197,10 @@ def _markdown(meta, ops) -> str:
             note = (note + ": " if note else "") + " / ".join(row["expected"])
         lines.append(f"| {name} | {', '.join(row['dtypes'])} | {counts} | {note} |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m tests.conformance.summary [reports]: merge the shards
+    import sys
+
+    info = merge_shards(sys.argv[1] if len(sys.argv) > 1 else "reports")
+    print(f"merged: {info['command']}; commits {info['commits']}; failed tests: {len(info['failed_tests'])}")
