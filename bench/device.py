@@ -1,6 +1,6 @@
 """Time per training step on the reference device with the device switch, against CPU.
 
-    python bench/device.py [--steps N]
+    python bench/device.py [--steps N] [--rounds R]
 
 For the demo TransformerBlock and SmallCNN (forward, cross-entropy, backward, AdamW):
 CPU native; CPU under EagerDecompMode("core_aten"); edref (core ATen kernels that run
@@ -8,6 +8,11 @@ the CPU kernel on host memory) with ``eagerdecomp.backend.enable``. Steps altern
 between the three in one run; medians of the steady state (first step excluded: it traces).
 edref's own cost (re-wrapping tensors per kernel) is included: it is the price of a
 device, not of eagerdecomp, so the last column is edref with eagerdecomp vs CPU native.
+
+Then the cost of one decomposed op's hit on edref (64 elements): the op called with the
+switch on (the C++ fallback finds the key's program and runs its core ops) against its
+core ops called directly (the op's cached kernel, a Python function of aten calls, on
+the same edref tensors); interleaved rounds, medians, and the difference per call.
 """
 
 from __future__ import annotations
@@ -48,9 +53,49 @@ def bench(make, dev, steps: int) -> dict:
     return {k: (v[0], statistics.median(v[1:])) for k, v in times.items()}
 
 
+def _per_call(fn, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def bench_hits(dev, runtime, rounds: int, iters: int = 400) -> list:
+    """(op, switch us, core ops us, us over) for each op of bench/micro.py at 64 elements."""
+    import micro
+    from eagerdecomp.key import make_key
+    from eagerdecomp.lift import lift_positions, split, wrapped_positions
+
+    micro.DEVICE = dev
+    rows = []
+    for name, op, args, kwargs in micro.cases(64):
+        with micro.Capture() as cap:
+            op(*args, **kwargs)  # the miss: traced, replayed, its program installed
+        op(*args, **kwargs)
+        func, cargs, ckwargs = cap.seen
+        positions = lift_positions(func) + wrapped_positions(func)
+        cargs, ckwargs, lifted = split(positions, cargs, ckwargs) if positions else (cargs, ckwargs, [])
+        key, tensors = make_key(func, cargs, ckwargs)
+        # the fallback's key holds the boxed call's defaults; the op has one shape here
+        kernel = runtime.cache.get(key) or next(iter(runtime.cache.kernels_of(func, 1)), None)
+        if kernel is None or not hasattr(kernel, "fn"):
+            rows.append((name, None, None, None))
+            continue
+        core = kernel.fn
+        tensors = tensors + [v for _, v in lifted]
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(_per_call(lambda: op(*args, **kwargs), iters))
+            b.append(_per_call(lambda: core(*tensors), iters))
+        hit, floor = statistics.median(a), statistics.median(b)
+        rows.append((name, hit, floor, statistics.median(x - y for x, y in zip(a, b))))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=9, help="rounds of the per-op hit table")
     args = p.parse_args()
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
@@ -70,6 +115,22 @@ def main() -> None:
             n, m, d = r["native"][1], r["mode"][1], r["edref"][1]
             print(f"{name:18}{n * 1e3:>10.1f}ms{m * 1e3:>10.1f}ms{d * 1e3:>12.1f}ms{r['edref'][0] * 1e3:>9.0f}ms"
                   f"{m / n:>12.1f}x{d / n:>13.1f}x")
+        print(f"\none decomposed op on edref, 64 elements, 1 thread, {args.rounds} rounds: us per call (median)")
+        print(f"{'op':24}{'switch hit':>12}{'core ops':>10}{'hit - core':>12}")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rows = bench_hits(dev, backend.enabled(dev).runtime, args.rounds)
+        finally:
+            torch.set_num_threads(threads)
+        for name, hit, floor, over in rows:
+            if hit is None:
+                print(f"{name:24}{'(no kernel: not decomposed on edref)':>34}")
+            else:
+                print(f"{name:24}{hit:>12.2f}{floor:>10.2f}{over:>+12.2f}")
+        done = [r for r in rows if r[1] is not None]
+        print(f"worst hit - core: {max(r[3] for r in done):+.2f} us ({max(done, key=lambda r: r[3])[0]}); "
+              f"C++ hit path: {'on' if backend.enabled(dev).runtime.native is not None else 'off (pure Python)'}")
     finally:
         backend.disable(dev)
 
