@@ -252,7 +252,7 @@ def generation(rounds: int, dev) -> dict:
 
 
 DEMO_CHILD = """
-import statistics, time, torch, warnings
+import contextlib, os, statistics, time, torch, warnings
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
 import eagerdecomp as ed
@@ -262,32 +262,40 @@ model = TransformerBlock()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = TransformerBlock.batch()
 times = []
-with ed.EagerDecompMode("core_aten") as mode:
+native = os.environ.get("DEMO_NATIVE") == "1"
+with contextlib.nullcontext() if native else ed.EagerDecompMode("core_aten") as mode:
     for _ in range(6):
         t0 = time.perf_counter()
         train_step(model, opt, x, y)
         times.append(time.perf_counter() - t0)
-rows = mode.report().rows
-print(times[0], statistics.median(times[1:]), sum(r.traces for r in rows), sum(r.loaded for r in rows))
+rows = [] if native else mode.report().rows
+print(times[0], statistics.median(times[1:]), sum(r.traces for r in rows), sum(r.loaded for r in rows),
+      ed.cache_info().preloaded)
 """
 
 
-def demo_processes() -> list:
-    """The demo's TransformerBlock in two fresh processes sharing a new disk cache:
-    ``(first step s, steady step s, kernels traced, kernels loaded)`` for each."""
+def demo_processes(rounds: int = 3) -> dict:
+    """The demo's TransformerBlock in fresh processes sharing a new disk cache: one that fills
+    it, then ``rounds`` pairs of a warm process and a native one (no mode), alternating.
+    Each run is ``(first step s, steady step s, kernels traced, loaded, programs preloaded)``."""
     import subprocess
     import sys
     import tempfile
 
-    out = []
+    def child(env):
+        r = subprocess.run([sys.executable, "-c", DEMO_CHILD], env=env, capture_output=True, text=True, timeout=900)
+        if r.returncode:
+            raise RuntimeError(r.stderr[-2000:])
+        first, steady, traced, loaded, preloaded = r.stdout.split()
+        return float(first), float(steady), int(traced), int(loaded), int(preloaded)
+
+    out = {"cold": None, "warm": [], "native": []}
     with tempfile.TemporaryDirectory() as root:
         env = dict(os.environ, EAGERDECOMP_CACHE_DIR=root, EAGERDECOMP_DISK_CACHE="1")
-        for _ in range(2):
-            r = subprocess.run([sys.executable, "-c", DEMO_CHILD], env=env, capture_output=True, text=True, timeout=900)
-            if r.returncode:
-                raise RuntimeError(r.stderr[-2000:])
-            first, steady, traced, loaded = r.stdout.split()
-            out.append((float(first), float(steady), int(traced), int(loaded)))
+        out["cold"] = child(env)
+        for _ in range(rounds):
+            out["warm"].append(child(env))
+            out["native"].append(child(dict(env, DEMO_NATIVE="1")))
     return out
 
 
@@ -354,6 +362,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-edref", action="store_true")
+    p.add_argument("--demo-only", action="store_true", help="only the demo in fresh processes (disk cache)")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where native and the mode run (edref and the "
                    "two-process demo run on CPU only)")
     args = p.parse_args()
@@ -371,6 +380,8 @@ def main() -> None:
             print(f"edref unavailable: {e}")
     print(f"torch {torch.__version__}, {DEVICE}, 1 thread, {args.rounds} rounds (medians) | "
           f"shape families {'on' if os.environ.get('EAGERDECOMP_SHAPE_GENERIC', '1') != '0' else 'off'}\n")
+    if args.demo_only:
+        return demo_table(args.rounds)
     if args.profile:
         profile_first_step()
         print()
@@ -411,11 +422,23 @@ def main() -> None:
               f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x")
     if DEVICE != "cpu":
         return
-    runs = demo_processes()
-    print("\ndemo TransformerBlock (AdamW) under the mode, two fresh processes sharing a disk cache:")
-    for i, (first, steady, traced, loaded) in enumerate(runs, 1):
-        print(f"  process {i}: first step {first:.3f} s, steady {steady:.3f} s ({first / steady:.1f}x) | "
-              f"kernels traced {traced}, loaded from disk {loaded}")
+    demo_table(args.rounds)
+
+
+def demo_table(rounds: int) -> None:
+    runs = demo_processes(rounds)
+    print("\ndemo TransformerBlock (AdamW), fresh processes sharing a disk cache (1 thread; medians of "
+          f"{len(runs['warm'])} warm/native pairs):")
+    first, steady, traced, loaded, _ = runs["cold"]
+    print(f"  process 1 (cold disk): first step {first:.3f} s, steady {steady:.3f} s ({first / steady:.1f}x) | "
+          f"kernels traced {traced}")
+    for name, label in (("warm", "later processes (warm disk)"), ("native", "native, no mode")):
+        r = runs[name]
+        first, steady = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
+        ratio = statistics.median(x[0] / x[1] for x in r)
+        extra = (f" | kernels traced {max(x[2] for x in r)}, loaded {max(x[3] for x in r)}, "
+                 f"programs preloaded {max(x[4] for x in r)}") if name == "warm" else ""
+        print(f"  {label:28} first step {first * 1e3:6.1f} ms, steady {steady * 1e3:5.1f} ms, first/steady {ratio:.1f}x{extra}")
 
 
 if __name__ == "__main__":

@@ -779,23 +779,60 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   return std::move(t);
 }
 
-// Installs a program for this call's key (the mode): Python has just replayed its kernel.
-bool mode_install(Table& table, py::handle func, py::handle args, py::handle kwargs, py::handle positions,
-                  py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
-  const auto& schema = find_op(func.attr("_schema").attr("name").cast<std::string>(),
-                               func.attr("_schema").attr("overload_name").cast<std::string>()).schema();
-  table.set_lift(func.ptr(), make_lift(schema, positions));
-  Call c;
-  if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return false;
-  finish(c);
+// The words of a key after its op (kOp and the op's address, which only this process
+// knows): what eagerdecomp/native.py writes to disk, to install the program again in the
+// next process (install_words) before its first call.
+py::list words_after_op(const Key& k) {
+  py::list out(k.w.size() - 2);
+  for (size_t i = 2; i < k.w.size(); ++i) out[i - 2] = py::int_(k.w[i]);
+  return out;
+}
+
+std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSchema& schema, py::handle func,
+                                      py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted) {
   auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
   p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
   p->op = func.inc_ref().ptr();
-  p->lifted = c.inputs.size() > c.ids.size();
+  p->lifted = lifted;
   p->total = table.total_;
   p->name = "eagerdecomp.replay " + py::str(func).cast<std::string>();
+  return p;
+}
+
+const c10::FunctionSchema& schema_of(py::handle func) {
+  return find_op(func.attr("_schema").attr("name").cast<std::string>(),
+                 func.attr("_schema").attr("overload_name").cast<std::string>()).schema();
+}
+
+// Installs a program for this call's key (the mode): Python has just replayed its kernel.
+// Returns the key's words after its op, or None when this path does not key the call.
+py::object mode_install(Table& table, py::handle func, py::handle args, py::handle kwargs, py::handle positions,
+                        py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
+  const auto& schema = schema_of(func);
+  table.set_lift(func.ptr(), make_lift(schema, positions));
+  Call c;
+  if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return py::none();
+  finish(c);
+  auto p = make_program(table, schema, func, calls, outputs, n_slots, slot_type, c.inputs.size() > c.ids.size());
+  py::list words = words_after_op(c.key);
   table.insert(std::move(c.key), std::move(p));
-  return true;
+  return std::move(words);
+}
+
+// Installs a program under words a previous process recorded (mode_install's, or the
+// device fallback's when `stack`): the op's word is this process's address of the op.
+void install_words(Table& table, py::handle func, bool stack, const std::vector<int64_t>& words, py::handle positions,
+                   py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted) {
+  const auto& schema = schema_of(func);
+  const void* op = stack ? static_cast<const void*>(&schema) : static_cast<const void*>(func.ptr());
+  table.set_lift(op, make_lift(schema, positions));
+  Key k;
+  k.w.reserve(words.size() + 2);
+  k.w.push_back(kOp);
+  k.w.push_back(reinterpret_cast<int64_t>(op));
+  k.w.insert(k.w.end(), words.begin(), words.end());
+  seal(k);
+  table.insert(std::move(k), make_program(table, schema, func, calls, outputs, n_slots, slot_type, lifted));
 }
 
 // ---- the device switch ---------------------------------------------------------------
@@ -804,9 +841,16 @@ bool mode_install(Table& table, py::handle func, py::handle args, py::handle kwa
 // program = (func, positions, calls, outputs, n_slots, slot_type).
 class Fallback final : public c10::OperatorKernel {
  public:
-  Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler)
-      : table_(std::move(table)), counts_(std::move(counts)), handler_(std::move(handler)) {}
+  Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, py::object on_install)
+      : table_(std::move(table)), counts_(std::move(counts)), handler_(std::move(handler)),
+        on_install_(std::move(on_install)) {}
   ~Fallback() override {
+    release(on_install_);
+    release(handler_);
+  }
+
+ private:
+  static void release(py::object& o) {
     // NOTE: at interpreter exit the registration may die after Python has finalized: the
     // handler is then leaked, not released (taking the GIL there crashes)
 #if PY_VERSION_HEX >= 0x030D0000
@@ -815,13 +859,14 @@ class Fallback final : public c10::OperatorKernel {
     const bool finalizing = _Py_IsFinalizing();
 #endif
     if (!Py_IsInitialized() || finalizing) {
-      handler_.release();
+      o.release();
       return;
     }
     py::gil_scoped_acquire gil;
-    handler_ = py::object();
+    o = py::object();
   }
 
+ public:
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
     const size_t n = schema.arguments().size();
@@ -887,13 +932,11 @@ class Fallback final : public c10::OperatorKernel {
     Call c;
     if (!table_->key_stack(op, args.data(), args.size(), c)) return;
     finish(c);
-    auto p = std::make_shared<Program>(build(prog[2].cast<py::list>(), prog[3].cast<py::list>(), prog[4].cast<int>(), prog[5]));
-    p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
-    p->op = py::object(prog[0]).release().ptr();
-    p->lifted = c.inputs.size() > c.ids.size();
-    p->total = table_->total_;
-    p->name = "eagerdecomp.replay " + py::str(prog[0]).cast<std::string>();
+    auto p = make_program(*table_, schema, prog[0], prog[2].cast<py::list>(), prog[3].cast<py::list>(),
+                          prog[4].cast<int>(), prog[5], c.inputs.size() > c.ids.size());
+    py::list words = words_after_op(c.key);
     table_->insert(std::move(c.key), std::move(p));
+    if (!on_install_.is_none()) on_install_(words, prog);  // (the GIL is held: we are in miss())
   }
 
   static py::object argument_to_python(const c10::IValue& v, const c10::TypePtr& type) {
@@ -922,21 +965,22 @@ class Fallback final : public c10::OperatorKernel {
   std::shared_ptr<Table> table_;
   std::shared_ptr<Counts> counts_;
   py::object handler_;
+  py::object on_install_;  // called with (words, program) after each install, or None
 };
 
 // A registration of Fallback on a dispatch key (the whole key, and named ops of aten).
 class Registration {
  public:
   Registration(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, const std::string& key,
-               py::list ops) {
+               py::list ops, py::object on_install) {
     const auto k = c10::parseDispatchKey(key);
     fallback_ = std::make_unique<torch::Library>(torch::Library::IMPL, "_", k, __FILE__, __LINE__);
-    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler)));
+    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install)));
     if (py::len(ops)) {
       ops_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
       for (py::handle name : ops) {
         ops_->impl(name.cast<std::string>().c_str(),
-                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler)));
+                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install)));
       }
     }
   }
@@ -959,6 +1003,7 @@ void init(py::module_& m) {
       }))
       .def("call", &mode_call)
       .def("install", &mode_install)
+      .def("install_words", &install_words)
       .def("clear", &Table::clear)
       .def("total", &Table::total)
       .def("__len__", &Table::size);
@@ -967,8 +1012,13 @@ void init(py::module_& m) {
       .def("counts", &Counts::counts)
       .def("clear_counts", &Counts::clear_counts);
   py::class_<Registration>(h, "Registration")
-      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, const std::string&, py::list>())
+      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, const std::string&, py::list, py::object>(),
+           py::arg("table"), py::arg("counts"), py::arg("handler"), py::arg("key"), py::arg("ops"),
+           py::arg("on_install") = py::none())
       .def("remove", &Registration::remove);
+  // the layout of a key's words (Tag, push_tensor, finish...): bumped when it changes, so
+  // words written to disk by another build are never read as this one's
+  h.attr("WORDS") = 1;
   h.def("_init", [](py::object miss, std::string partial) {
     g_miss = miss.release().ptr();
     g_partial = std::move(partial);

@@ -74,6 +74,7 @@ class CacheInfo:
     families: int = 0  # shape families (eagerdecomp.family) with at least one generic kernel
     members: int = 0  # shape-generic kernels, over all families
     family_hits: int = 0  # exact-key misses answered by a shape-generic kernel
+    preloaded: int = 0  # C++ programs installed from disk before a first miss (eagerdecomp.native)
 
 
 class _Flight:
@@ -97,6 +98,8 @@ class KernelCache:
         self.hits = 0
         self.misses = 0
         self.family_hits = 0
+        self.programs_read = False  # eagerdecomp.native.preload: the disk's programs installed
+        self.programs_preloaded = 0
         _LIVE.add(self)
 
     def get(self, key):
@@ -254,7 +257,7 @@ class KernelCache:
             members = [len(f.members) for f in self._families.values()]
             return CacheInfo(
                 self.hits + served, self.misses, len(self._lru), self._lru.maxsize, negative,
-                sum(1 for m in members if m), sum(members), self.family_hits,
+                sum(1 for m in members if m), sum(members), self.family_hits, self.programs_preloaded,
             )
 
     def __len__(self) -> int:
@@ -288,6 +291,7 @@ def cache_info() -> CacheInfo:
         families=sum(i.families for i in infos),
         members=sum(i.members for i in infos),
         family_hits=sum(i.family_hits for i in infos),
+        preloaded=sum(i.preloaded for i in infos),
     )
 
 

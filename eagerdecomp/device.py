@@ -56,6 +56,7 @@ from .errors import BackendError
 from .opset import OpSet
 from .schema import op_from_name, op_names
 from .routes import device_refusal
+from . import native
 from .runtime import Runtime, runtime_for
 from .stats import Route
 
@@ -265,7 +266,8 @@ def enable(
 
             runtime.serves_device = True
             names = [_impl_name(op) for op, _ in taken]
-            library = load().hit.Registration(runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names)
+            library = load().hit.Registration(runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names,
+                                              native.saver(runtime))
             composites = None
         else:
             library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace

@@ -8,8 +8,10 @@ decompositions of the user's own (``EagerDecompMode(decompositions=...)`` or
 :func:`eagerdecomp.register_decomposition`) does not use the disk at all: a Python
 function's behaviour cannot be fingerprinted honestly (closures, globals).
 
-What: exact-key kernels (:class:`~eagerdecomp.replay.Kernel`) and shape families (every
-member: graph, guard, output metadata). An entry holds the text of its key, which is
+What: exact-key kernels (:class:`~eagerdecomp.replay.Kernel`), shape families (every
+member: graph, guard, output metadata), and the C++ hit path's programs
+(:mod:`eagerdecomp.native`) under the key words of the C++ library that made them, which
+the next process installs before its first miss, so a warm process starts on C++ hits. An entry holds the text of its key, which is
 compared on load, so a hash collision or a stale layout reads as a miss.
 
 Robustness. Writes go to a temporary file in the same folder, then ``os.replace``:
@@ -21,6 +23,7 @@ removed, and rebuilt by tracing. ``EAGERDECOMP_DISK_CACHE=0`` turns the disk off
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
@@ -224,13 +227,14 @@ class Store:
         self._lock = threading.Lock()
         self._loaded = cachetools.LRUCache(maxsize=4096)  # kernel id -> Kernel read from disk
         self._ids = cachetools.LRUCache(maxsize=4096)  # id(Kernel) -> (Kernel, kernel id)
+        self._new_programs: set = set()  # library builds this process wrote programs for
         _STORES.add(self)
 
-    def _path(self, text: str) -> Path:
-        return self.folder / (hashlib.sha256(text.encode()).hexdigest()[:40] + ".pkl")
+    def _path(self, text: str, folder: Path | None = None) -> Path:
+        return (folder or self.folder) / (hashlib.sha256(text.encode()).hexdigest()[:40] + ".pkl")
 
-    def _read(self, text: str, kind: str):
-        path = self._path(text)
+    def _load(self, path: Path, kind: str):
+        """The whole entry at ``path`` (a dict), or None: missing, or unreadable (dropped)."""
         try:
             with open(path, "rb") as f, quiet():  # unpickling torch objects may warn (deprecations)
                 entry = pickle.load(f)
@@ -241,7 +245,11 @@ class Store:
         except Exception as e:  # noqa: BLE001 - any unreadable entry is ignored and rebuilt
             self._drop(path, e)
             return None
-        if entry.get("key") != text:
+        return entry
+
+    def _read(self, text: str, kind: str):
+        entry = self._load(self._path(text), kind)
+        if entry is None or entry.get("key") != text:
             return None  # another key with the same hash: a miss
         return entry["data"]
 
@@ -259,18 +267,19 @@ class Store:
         except OSError:
             pass
 
-    def _write(self, text: str, kind: str, make_data) -> None:
+    def _write(self, text: str, kind: str, make_data, path: Path | None = None) -> None:
         try:
             payload = _dumps({"format": FORMAT, "kind": kind, "key": text, "data": make_data()})
         except Exception:  # noqa: BLE001 - a kernel that cannot be pickled stays in memory only
             return
+        path = path or self._path(text)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".pkl")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pkl")
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(payload)
-                os.replace(tmp, self._path(text))  # atomic: readers see the old entry or this one
+                os.replace(tmp, path)  # atomic: readers see the old entry or this one
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -339,7 +348,62 @@ class Store:
         self._write(repr(fkey.parts), "family", lambda: [_member_data(m) for m in members])
 
 
+    # -- the C++ hit path's programs (eagerdecomp.native) -------------------------------------
+    # NOTE: a program is filed under the C++ table's own key words, whose layout is the C++
+    # library's: each build has its folder (``lib`` names it), never read by another build.
+    # A program is written as it is made, a file of its own; at exit a process packs its
+    # folder into one file, which the next process reads whole before its first miss.
+    def _programs(self, lib: str) -> Path:
+        return self.folder / f"programs-{lib}"
+
+    def save_program(self, lib: str, entry: tuple) -> None:
+        """Write one program: ``(stack, op name, words, ...)``, filed by its first three."""
+        folder = self._programs(lib)
+        self._write(repr(entry[:3]), "program", lambda: entry, self._path(repr(entry[:3]), folder))
+        with self._lock:
+            self._new_programs.add(lib)
+
+    def load_programs(self, lib: str, pack: bool = False) -> list:
+        """Every program of ``lib``'s folder (the pack, then loose files); with ``pack``, also
+        write them as the new pack (the newest :data:`MAX_PROGRAMS`) and remove the loose files."""
+        folder = self._programs(lib)
+        packed = self._load(folder / "pack", "pack")
+        entries = {repr(e[:3]): e for e in (packed["data"] if packed else ())}
+        loose = sorted(folder.glob("[!.]*.pkl")) if folder.is_dir() else []
+        for path in loose:
+            entry = self._load(path, "program")
+            if entry is not None:
+                entries.pop(entry["key"], None)  # re-inserted: the newest come last
+                entries[entry["key"]] = entry["data"]
+        out = list(entries.values())[-MAX_PROGRAMS:]
+        if pack and loose:
+            self._write(lib, "pack", lambda: out, folder / "pack")
+            for path in loose:  # (a program written since it was listed stays loose)
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+        return out
+
+    def pack_programs(self) -> None:
+        """Pack the folders this process wrote programs to (at exit)."""
+        with self._lock:
+            libs, self._new_programs = self._new_programs, set()
+        for lib in libs:
+            self.load_programs(lib, pack=True)
+
+
+MAX_PROGRAMS = 4096  # programs kept per library build and fingerprint (the newest)
 _STORES: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+@atexit.register
+def _pack_at_exit() -> None:
+    for store in list(_STORES):
+        try:
+            store.pack_programs()
+        except Exception:  # noqa: BLE001 - the loose files stay; the next process reads them
+            pass
 
 
 # NOTE: as for the kernel caches: every store's lock is held across fork, so a child never

@@ -17,10 +17,15 @@ per-op hit counters are merged into the runtime's report. Kernels with no progra
 intermediates...) stay on Python replay, with the reason in the report
 (``OpRow.python_replay``). ``EAGERDECOMP_NO_EXT=1`` (or no C++ library) gives the
 pure-Python path, with identical results.
+
+With the disk cache on (:mod:`eagerdecomp.disk`), each installed program is also
+written to disk under its C++ key words; a new process installs them all before
+its first miss (:func:`preload`), so a warm process starts on C++ hits.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -33,7 +38,7 @@ from .lift import Each
 from .overlap import PARTIAL
 from .program import NoProgram, Slot, specialize
 
-__all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for"]
+__all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for", "preload", "saver"]
 
 # C++ returns this object on a miss (the op's outputs are never it)
 MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
@@ -84,6 +89,7 @@ def clear_for(cache) -> None:
     table = getattr(cache, "native_table", None)
     if table is not None:
         table.clear()
+    cache.programs_read, cache.programs_preloaded = False, 0  # the next miss reads the disk's again
     for rt in _runtimes(cache):
         rt._no_program.clear()
 
@@ -123,11 +129,15 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> N
             raise NoProgram("the call changes an argument's sizes or strides")
         ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
         calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
-        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot)
+        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0)
         if runtime.serves_device:
-            runtime._tls.offer = program
+            runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
             return
-        if runtime.native.install(func, args, kwargs, *program[1:]):
+        words = runtime.native.install(func, args, kwargs, *program[1:6])
+        if words is not None:
+            store = runtime._store()
+            if store is not None:
+                _save(store, False, words, program)
             return
         reason = "an argument the C++ key does not take"
     except NoProgram as e:
@@ -138,3 +148,53 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> N
         runtime._no_program.clear()
     runtime._no_program[key] = None
     runtime.stats.python_replay(func, reason)
+
+
+# -- programs on disk ------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> str:
+    """Names the C++ build whose key words a program is filed under (layout version, file)."""
+    lib = _ext.load()
+    st = os.stat(lib.__file__)
+    return f"w{lib.hit.WORDS}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _save(store, stack: bool, words, program) -> None:
+    func, positions, calls, outputs, n_slots, _, lifted = program
+    store.save_program(_library(), (stack, str(func), list(words), lifted, positions, calls, outputs, n_slots))
+
+
+def saver(runtime):
+    """The device fallback's ``on_install``: write each program it installs to disk."""
+
+    def save(words, program):
+        store = runtime._store()
+        if store is not None:
+            _save(store, True, words, program)
+
+    return save
+
+
+def preload(runtime) -> int:
+    """Install the programs earlier processes wrote for this runtime's cache (once per cache,
+    before its first Python miss); returns how many. Off with the disk cache."""
+    cache, store, table = runtime.cache, runtime._store(), runtime.native
+    if store is None or table is None:
+        return 0
+    with _lock:
+        if getattr(cache, "programs_read", False):
+            return 0
+        cache.programs_read = True
+    from .disk import _op_from_name
+
+    n = 0
+    for stack, name, words, lifted, positions, calls, outputs, n_slots in store.load_programs(_library()):
+        try:
+            table.install_words(_op_from_name(name), stack, words, positions, calls, outputs, n_slots, Slot, lifted)
+            n += 1
+        except Exception:  # noqa: BLE001 - an op or device this process lacks: that key is a miss
+            continue
+    cache.programs_preloaded = getattr(cache, "programs_preloaded", 0) + n
+    return n

@@ -127,6 +127,12 @@ class Runtime:
     def _decompose(self, func, args, kwargs):
         """The Python path: key, look up (trace on a miss), replay; then install the program."""
         table = self.native
+        if table is not None and not self.cache.programs_read and self._store() is not None:
+            # the first miss over this cache: install the programs earlier processes wrote
+            if native.preload(self) and not self.serves_device:
+                out = table.call(self.native_counts, func, args, kwargs)
+                if out is not native.MISS:
+                    return out
         lift = self._lift.get(func)
         if lift is None:
             lift = self._lift[func] = lift_positions(func) + wrapped_positions(func)

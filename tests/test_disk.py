@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp import disk, registry
+from eagerdecomp import disk, native, registry
 
 aten = torch.ops.aten
 
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
             total += float(sum(t.sum() for t in torch.split(x, 2, 0)))
             total += float(torch.nn.functional.cross_entropy(x, torch.zeros(n, dtype=torch.long)))
     rows = mode.report().rows
-    print(sum(r.traces for r in rows), sum(r.loaded for r in rows), sum(r.family for r in rows))
+    print(sum(r.traces for r in rows), sum(r.loaded for r in rows), sum(r.family for r in rows), ed.cache_info().preloaded)
     print(repr(total))
     """
 )
@@ -77,17 +77,34 @@ def _entries(root):
     return sorted(p for p in root.rglob("*.pkl") if not p.name.startswith(".tmp-"))
 
 
+@pytest.fixture
+def kernels_only(monkeypatch):
+    """No C++ programs from disk: a miss loads the kernel file (the path these tests check)."""
+    monkeypatch.setattr(native, "preload", lambda runtime: 0)
+
+
 def test_a_second_process_loads_instead_of_tracing(tmp_path):
-    (traces1, loaded1, _), total1, _ = _run(tmp_path)
-    assert traces1 > 0 and loaded1 == 0
-    (traces2, loaded2, family2), total2, err = _run(tmp_path)
-    assert traces2 == 0 and loaded2 > 0
+    (traces1, loaded1, _, preloaded1), total1, _ = _run(tmp_path)
+    assert traces1 > 0 and loaded1 == 0 and preloaded1 == 0
+    (traces2, loaded2, family2, preloaded2), total2, err = _run(tmp_path)
+    assert traces2 == 0
+    if native.enabled():  # the first process's C++ programs are installed before the first miss
+        assert preloaded2 > 0
+    else:
+        assert loaded2 > 0 and preloaded2 == 0
     assert total1 == total2
     assert "unreadable" not in err
 
 
+def test_the_kernels_load_when_programs_do_not(tmp_path):
+    (traces, loaded, _, preloaded), total1, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
+    assert traces > 0 and preloaded == 0
+    (traces, loaded, _, preloaded), total2, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
+    assert traces == 0 and loaded > 0 and total1 == total2
+
+
 def test_switched_off_writes_nothing(tmp_path):
-    (traces, loaded, _), _, _ = _run(tmp_path, {"EAGERDECOMP_DISK_CACHE": "0"})
+    (traces, loaded, _, _), _, _ = _run(tmp_path, {"EAGERDECOMP_DISK_CACHE": "0"})
     assert traces > 0 and loaded == 0
     assert not _entries(tmp_path)
 
@@ -102,7 +119,7 @@ def _work():
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "stale format", "empty"])
-def test_an_unreadable_entry_warns_once_and_is_rebuilt(on_disk, damage):
+def test_an_unreadable_entry_warns_once_and_is_rebuilt(on_disk, kernels_only, damage):
     first = _work()
     assert first.traces >= 1
     entries = _entries(on_disk)
@@ -188,11 +205,11 @@ def test_concurrent_writers_leave_a_valid_cache(tmp_path):
     for p in _entries(tmp_path):
         entry = pickle.loads(p.read_bytes())
         assert entry["format"] == disk.FORMAT
-    (traces, loaded, _), _, err = _run(tmp_path)
+    _, _, err = _run(tmp_path)
     assert "unreadable" not in err
 
 
-def test_fork_child_uses_the_store(on_disk):
+def test_fork_child_uses_the_store(on_disk, kernels_only):
     import multiprocessing as mp
 
     _work()  # writes entries; the store's lock exists in the parent
@@ -210,3 +227,88 @@ def test_fork_child_uses_the_store(on_disk):
     assert p.exitcode == 0
     traces, loaded = q.get(timeout=5)
     assert traces == 0 and loaded >= 1
+
+
+# -- the C++ hit path's programs on disk (eagerdecomp.native.preload) ----------------------------
+needs_native = pytest.mark.skipif(not native.enabled(), reason="the C++ hit path is not built")
+
+
+def _lerp_and_silu(weight):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
+    with ed.EagerDecompMode("core_aten") as mode:
+        out = (torch.lerp(x, y, weight), F.silu(x.t()))
+    # (the decompositions round differently from the fused native kernels)
+    torch.testing.assert_close(out[0], torch.lerp(x, y, weight))
+    torch.testing.assert_close(out[1], F.silu(x.t()))
+    assert out[1].stride() == F.silu(x.t()).stride()
+    return out, mode.report()
+
+
+@needs_native
+def test_programs_are_installed_before_the_first_miss(on_disk):
+    expected, _ = _lerp_and_silu(0.7)  # what the traced kernels give at 0.7
+    ed.cache_clear(disk=True)
+    _, first = _lerp_and_silu(0.3)
+    assert first.row(aten.silu.default).traces == 1
+    ed.cache_clear()  # memory only: as a new process would start
+    out, again = _lerp_and_silu(0.7)  # the lifted weight: the program made at 0.3, another value
+    assert ed.cache_info().preloaded >= 2
+    for op in (aten.silu.default, aten.lerp.Scalar):
+        row = again.row(op)
+        assert row.traces == 0 and row.loaded == 0 and row.native == 1, row
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@needs_native
+def test_programs_of_another_build_are_not_read(on_disk, monkeypatch):
+    _lerp_and_silu(0.3)
+    monkeypatch.setattr(native, "_library", lambda: "w0-another-build")
+    ed.cache_clear()
+    _, again = _lerp_and_silu(0.3)
+    assert ed.cache_info().preloaded == 0
+    assert again.row(aten.silu.default).loaded == 1  # its kernel file, not a program
+
+
+@needs_native
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_an_unreadable_pack_warns_once_and_is_rebuilt(on_disk, damage):
+    _lerp_and_silu(0.3)
+    for store in list(disk._STORES):
+        store.pack_programs()  # what exit does
+    (pack,) = on_disk.rglob("pack")
+    data = pack.read_bytes()
+    pack.write_bytes(b"not a pickle" * 10 if damage == "garbage" else data[: len(data) // 2])
+    ed.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, again = _lerp_and_silu(0.3)
+    assert len([w for w in caught if "unreadable" in str(w.message)]) == 1
+    assert ed.cache_info().preloaded == 0 and not pack.exists()
+    assert again.row(aten.silu.default).traces == 0  # its kernel file is whole
+
+
+@needs_native
+def test_the_device_switch_preloads_its_programs(on_disk):
+    from eagerdecomp.refdev import reference_device
+
+    dev = reference_device()
+    x = torch.randn(4, 3)
+
+    def run():
+        ed.enable(dev)
+        try:
+            out = F.silu(x.to(dev)).cpu()
+            return out, ed.backend.enabled(dev).report().row(aten.silu.default)
+        finally:
+            ed.disable(dev)
+
+    out, row = run()
+    assert row.traces == 1
+    ed.cache_clear()
+    out2, row2 = run()
+    torch.testing.assert_close(out2, out, rtol=0, atol=0)  # the traced kernel's answer, bit for bit
+    assert ed.cache_info().preloaded >= 1
+    # the first call is a Python miss that reads the disk (installing the programs), the next a C++ hit
+    assert row2.traces == 0
