@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Union
@@ -146,6 +147,20 @@ def device_opset(device) -> OpSet:
     return OpSet([op for op in ops if op is not None], name=f"{device_type} kernels")
 
 
+def _without_autograd(ops, key: str) -> list:
+    """Ops the device has a kernel for that PyTorch decomposes above autograd everywhere else.
+
+    NOTE: a CompositeImplicitAutograd op (``upsample_bilinear2d.vec``, ``var.dim``...) gets its
+    gradient from the ops its composite calls. A kernel on the device's key replaces the
+    composite there, autograd included, and PyTorch's autograd fallback then drops the
+    gradient (with a warning). Nothing eagerdecomp does runs for such a call.
+    """
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return sorted(str(op) for op in ops if has(op.name(), "CompositeImplicitAutograd")
+                  and not op.name().startswith("aten::sym_")  # sizes: never differentiated
+                  and not has(op.name(), f"Autograd{key}"))
+
+
 def _runnable(op, key: str) -> bool:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return has(op.name(), key) or any(has(op.name(), k) for k in _COMPOSITE_KEYS)
@@ -241,6 +256,16 @@ def enable(
                 f"eagerdecomp.backend.disable({device_type!r}) first"
             )
         have = device_opset(device_type)
+        lost = _without_autograd(have, key)
+        if lost:
+            warnings.warn(
+                f"enable({device_type!r}): the device registers kernels for {len(lost)} op(s) whose gradient "
+                f"comes from a CompositeImplicitAutograd kernel: {', '.join(lost)}. Its kernel replaces that "
+                "composite, so autograd through these ops on the device has no gradient. Expected no device "
+                "kernel for them: remove those registrations (eagerdecomp then runs the ops they call).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if opset is None:
             target = have
         else:

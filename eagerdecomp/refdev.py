@@ -62,10 +62,20 @@ def _forwardable(op) -> bool:
     return torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "CPU")
 
 
+def _composite_implicit(op) -> bool:
+    # NOTE: core ATen lists a few CompositeImplicitAutograd ops (upsample_bilinear2d.vec,
+    # var.dim, avg_pool1d...). A device kernel for one replaces its composite, autograd
+    # included, and its gradient is lost; like any real backend, edref leaves them to the
+    # composite, which calls ops it has (or that eagerdecomp decomposes).
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
 def device_ops() -> OpSet:
-    """The ops edref has kernels for: core ATen + runtime extras + device runtime ops."""
+    """The ops edref has kernels for: core ATen + runtime extras + device runtime ops, less the
+    CompositeImplicitAutograd ones (which never reach a backend)."""
     ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS) + list(DEVICE_RUNTIME_OPS))
-    return OpSet([op for op in ops if op.namespace == "aten" and _forwardable(op)], name=f"{DEVICE_NAME} kernels")
+    return OpSet([op for op in ops if op.namespace == "aten" and _forwardable(op) and not _composite_implicit(op)],
+                 name=f"{DEVICE_NAME} kernels")
 
 
 def _device_module() -> types.ModuleType:

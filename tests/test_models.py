@@ -127,16 +127,6 @@ SLOW = [mixtral, mamba, bert, t5, vit, resnet, segformer]
 MODELS = [pytest.param(m, id=m.__name__) for m in FAST] + [pytest.param(m, id=m.__name__, marks=[pytest.mark.slow, slow]) for m in SLOW]
 # the device path of the fast slice: one model, the others under `make models`
 DEVICE = [pytest.param(m, id=m.__name__, marks=[] if m is llama else [pytest.mark.slow, slow]) for m in FAST + SLOW]
-# NOTE: on edref, F.interpolate(mode="bilinear") gets a grad_fn that drops the gradient: the
-# switch's takeover of the composite upsample_bilinear2d.vec (device.py) leaves it without an
-# autograd kernel, so every parameter upstream of the upsampling gets no gradient. Not a
-# decomposition bug; strict, so the entry goes when the switch is fixed.
-_DEVICE_BUGS = {"segformer": "bilinear upsampling on edref loses its gradient (the switch's composite takeover)"}
-DEVICE = [
-    pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.xfail(reason=_DEVICE_BUGS[p.id], strict=True)])
-    if p.id in _DEVICE_BUGS else p
-    for p in DEVICE
-]
 
 
 def _build(builder):

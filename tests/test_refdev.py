@@ -102,3 +102,37 @@ def test_op_log_counts_what_ran():
         torch.sigmoid(d)
         torch.sigmoid(d)
     assert ran["sigmoid"] == 2 and set(ran) == {"sigmoid"}
+
+
+def test_no_kernels_for_composite_implicit_ops():
+    # a device kernel for one replaces its composite, autograd included (the gradient is lost)
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for name in ("aten::upsample_bilinear2d.vec", "aten::var.dim", "aten::avg_pool1d"):
+        assert has(name, "CompositeImplicitAutograd") and not has(name, "PrivateUse1"), name
+
+
+def test_bilinear_upsampling_keeps_its_gradient_with_the_switch():
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    xd = x.detach().to(DEV).requires_grad_()
+    backend.enable(DEV)
+    try:
+        F.interpolate(xd, scale_factor=2, mode="bilinear").pow(2).sum().backward()
+    finally:
+        backend.disable(DEV)
+    F.interpolate(x, scale_factor=2, mode="bilinear").pow(2).sum().backward()
+    assert xd.grad is not None
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+
+
+def test_enable_warns_of_device_kernels_that_lose_autograd():
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - a device kernel for var.dim, as a backend might
+    lib.impl("var.dim", lambda *a, **k: None, "PrivateUse1")
+    try:
+        with pytest.warns(RuntimeWarning, match=r"aten.var.dim.*no gradient"):
+            backend.enable(DEV)
+    finally:
+        backend.disable(DEV)
+        lib._destroy()
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::var.dim", "PrivateUse1")
