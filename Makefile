@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test parity conformance conformance-merge conformance-compiled models stress bench report corpus install clean
+.PHONY: demo test parity conformance conformance-merge conformance-resume conformance-compiled models stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,14 +34,28 @@ PARITY_TESTS ?= tests/test_mode.py tests/test_cache.py tests/test_routes.py test
 parity: install
 	EAGERDECOMP_NO_EXT=1 $(PY) -m pytest $(PARITY_TESTS) $(PYTEST_ARGS)
 
-# SHARD=i/n runs one of n disjoint parts (rows kept in reports/shards/); conformance-merge
-# then writes the one summary from all n, so the full run can span machines or sessions
+# SHARD=i/n runs one of n disjoint parts (rows kept in reports/shards/PART/); conformance-merge
+# then writes the one summary from all n, so the full run can span machines or sessions.
+# CONF_TESTS narrows the files: test_opinfo.py alone is the per-sample table, about a sixth
+# of the time of the whole suite (the cross-sample run traces every sample again).
 SHARD ?=
+PART ?= all
+CONF_TESTS ?= tests/conformance
 conformance: install
-	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SHARD=$(SHARD) $(PY) -m pytest tests/conformance -q -n $(JOBS) $(PYTEST_ARGS)
+	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SHARD=$(SHARD) EAGERDECOMP_CONFORMANCE_PART=$(PART) \
+		$(PY) -m pytest $(CONF_TESTS) -q -n $(JOBS) $(PYTEST_ARGS)
 
 conformance-merge: install
-	$(PY) -m tests.conformance.summary reports
+	$(PY) -m tests.conformance.summary reports $(PART)
+
+# every shard of a SHARDS-way split that has no rows in reports/shards/PART/ yet, then the
+# merge: stopped at any point, the next run goes on from the first missing shard
+SHARDS ?= 12
+conformance-resume: install
+	for i in $$(seq 1 $(SHARDS)); do \
+		[ -f reports/shards/$(PART)/$$i-of-$(SHARDS).json ] || $(MAKE) conformance SHARD=$$i/$(SHARDS) || true; \
+	done
+	$(MAKE) conformance-merge
 
 # the OpInfo suite with compile="inductor": every OpInfo, capped at 2 samples per dtype (each
 # sample compiles its kernels), answered by the compiled code and compared with eager

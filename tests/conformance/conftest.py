@@ -8,7 +8,8 @@ dtype each, on its first samples, which keeps every op's path honest within
 CI's budget. ``EAGERDECOMP_CONFORMANCE_SAMPLES=N`` caps a full run at N samples
 per OpInfo and dtype (the summary says so). ``EAGERDECOMP_CONFORMANCE_SHARD=i/n`` runs
 the i-th of n disjoint parts of the selection (``make conformance SHARD=i/n``) and writes
-its rows to ``reports/shards/``; ``make conformance-merge`` writes the one summary from
+its rows to ``reports/shards/PART/`` (``EAGERDECOMP_CONFORMANCE_PART``, else the test
+files' names); ``make conformance-merge`` writes the one summary from
 all n parts, so a full run can be spread over machines or sessions. Under pytest-xdist (``-n N``; ``make
 conformance`` passes ``-n $(JOBS)``) each worker hands its rows to the controller,
 which writes the one summary.
@@ -132,13 +133,16 @@ def pytest_sessionfinish(session, exitstatus):
     opt = session.config.option
     narrowed = (opt.keyword or opt.markexpr or getattr(opt, "lf", False)
                 or any("::" in a for a in session.config.args))
-    if _RESULTS.rows and not narrowed:
-        from .summary import write_shard, write_summary
+    if narrowed:
+        return
+    from .summary import write_shard, write_summary
 
-        reports = os.path.join(str(session.config.rootpath), "reports")
-        if SHARD is not None:
-            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-            failed = [r.nodeid for r in (reporter.stats.get("failed", []) if reporter else [])]
-            write_shard(_RESULTS, reports, SHARD, failed, int(exitstatus), full=FULL)
-            return
+    reports = os.path.join(str(session.config.rootpath), "reports")
+    if SHARD is not None:  # (a shard of the cross-sample tests alone has no rows: its failures count)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        failed = [r.nodeid for r in (reporter.stats.get("failed", []) if reporter else [])]
+        files = sorted({os.path.basename(item.fspath).removesuffix(".py") for item in session.items})
+        part = os.environ.get("EAGERDECOMP_CONFORMANCE_PART") or "+".join(files) or "none"
+        write_shard(_RESULTS, reports, SHARD, failed, int(exitstatus), full=FULL, part=part)
+    elif _RESULTS.rows:
         write_summary(_RESULTS, reports, full=FULL)

@@ -88,12 +88,15 @@ def _commit(directory: str) -> str:
     return head + ("+dirty" if head and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def write_shard(results, directory: str, shard: tuple, failed: list, exitstatus: int, full: bool = True) -> None:
-    """Write one shard's rows (``reports/shards/I-of-N.json``) for :func:`merge_shards`."""
+def write_shard(results, directory: str, shard: tuple, failed: list, exitstatus: int, full: bool = True,
+                part: str = "all") -> None:
+    """Write one shard's rows (``reports/shards/PART/I-of-N.json``; PART names the test files
+    that ran, so a split of one file and of the whole suite never mix) for :func:`merge_shards`."""
     import dataclasses
 
     i, n = shard
-    os.makedirs(os.path.join(directory, "shards"), exist_ok=True)
+    folder = os.path.join(directory, "shards", part)
+    os.makedirs(folder, exist_ok=True)
     data = {
         "shard": [i, n],
         "full": full,
@@ -106,21 +109,28 @@ def write_shard(results, directory: str, shard: tuple, failed: list, exitstatus:
         "failed": failed,
         "rows": [(n_, d, k, dataclasses.asdict(o), w) for n_, d, k, o, w in results.rows],
     }
-    path = os.path.join(directory, "shards", f"{i}-of-{n}.json")
+    path = os.path.join(folder, f"{i}-of-{n}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(data, f)
     os.replace(path + ".tmp", path)
 
 
-def merge_shards(directory: str) -> dict:
-    """Merge ``reports/shards/*.json`` into the full summary; refuses a missing or mixed set."""
+def merge_shards(directory: str, part: str | None = None) -> dict:
+    """Merge ``reports/shards/PART/*.json`` into the full summary (PART may be left out when
+    there is one); refuses a missing or mixed set."""
     from .conftest import Results
     from .harness import Outcome
 
+    root = os.path.join(directory, "shards")
+    parts = sorted(p for p in os.listdir(root) if os.path.isdir(os.path.join(root, p)))
+    if part is None:
+        if len(parts) != 1:
+            raise SystemExit(f"name the part to merge: {parts}")
+        part = parts[0]
     shards = []
-    for name in sorted(os.listdir(os.path.join(directory, "shards"))):
+    for name in sorted(os.listdir(os.path.join(root, part))):
         if name.endswith(".json"):
-            with open(os.path.join(directory, "shards", name)) as f:
+            with open(os.path.join(root, part, name)) as f:
                 shards.append(json.load(f))
     counts = {tuple(s["shard"])[1] for s in shards}
     if len(counts) != 1:
@@ -136,7 +146,7 @@ def merge_shards(directory: str) -> dict:
         for name, dtype, index, outcome, why in s["rows"]:
             results.add(name, dtype, index, Outcome(**outcome), why)
     extra = {
-        "command": f"make conformance SHARD=i/{n} for i in 1..{n}, then make conformance-merge",
+        "command": f"make conformance SHARD=i/{n} for i in 1..{n} ({part}), then make conformance-merge",
         "wall_s": sum(s["wall_s"] for s in shards),
         "commits": sorted({s["commit"] for s in shards}),
         "failed_tests": sorted(t for s in shards for t in s["failed"]),
@@ -202,5 +212,5 @@ def _markdown(meta, ops) -> str:
 if __name__ == "__main__":  # python -m tests.conformance.summary [reports]: merge the shards
     import sys
 
-    info = merge_shards(sys.argv[1] if len(sys.argv) > 1 else "reports")
+    info = merge_shards(sys.argv[1] if len(sys.argv) > 1 else "reports", sys.argv[2] if len(sys.argv) > 2 else None)
     print(f"merged: {info['command']}; commits {info['commits']}; failed tests: {len(info['failed_tests'])}")

@@ -30,7 +30,7 @@ def _shard(tmp_path, i, n, rows, failed=()):
     r = Results()
     for row in rows:
         r.add(*row)
-    write_shard(r, str(tmp_path), (i, n), list(failed), 1 if failed else 0)
+    write_shard(r, str(tmp_path), (i, n), list(failed), 1 if failed else 0, part="test_opinfo")
 
 
 def test_merge_adds_every_shard(tmp_path):
@@ -59,3 +59,11 @@ def test_merge_refuses_mixed_splits(tmp_path):
     _shard(tmp_path, 1, 3, [("abs", "float32", 0, Outcome("pass", "fn"), None)])
     with pytest.raises(SystemExit, match="different splits"):
         merge_shards(str(tmp_path))
+
+
+def test_merge_asks_which_part(tmp_path):
+    _shard(tmp_path, 1, 1, [("abs", "float32", 0, Outcome("pass", "fn"), None)])
+    write_shard(Results(), str(tmp_path), (1, 1), [], 0, part="test_cross_sample")
+    with pytest.raises(SystemExit, match="name the part"):
+        merge_shards(str(tmp_path))
+    assert merge_shards(str(tmp_path), "test_opinfo")["failed_tests"] == []
