@@ -70,19 +70,29 @@ class Declined:
 class Compiled:
     """A compiled kernel for one exact key: called like :class:`~eagerdecomp.replay.Kernel`."""
 
-    __slots__ = ("fn", "kernel", "plan", "seconds")
+    __slots__ = ("fn", "kernel", "plan", "seconds", "versions")
 
     def __init__(self, fn, kernel, plan, seconds: float):
         self.fn, self.kernel, self.plan, self.seconds = fn, kernel, plan, seconds
+        self.versions = None  # fused writes: how far replay advances each written input's version
 
     def flat(self, inputs) -> list:
         """The op's outputs as replay's graph returns them: checks, compiled code, writes."""
         p = self.plan
+        if p.fused and _shares_storage(inputs, p.fused):
+            return list(self.kernel.fn(*inputs))  # compiled for unaliased inputs: replay this call
         for check, (args, kwargs) in p.checks:
             check(*_fill(args, inputs), **_fill(kwargs, inputs))
+        if self.versions is not None:
+            # NOTE: the compiled code advances a written input's version as it sees fit (AOTAutograd
+            # once, whatever the caller did); eager's count is what replay's copy_ does here
+            written = [inputs[i] for i in p.fused]
+            want = [t._version + d for t, d in zip(written, self.versions)]
         results = self.fn(*inputs)
         for i, j in p.writes:
             inputs[i].copy_(results[j])
+        if self.versions is not None:
+            torch._C._autograd._unsafe_set_version_counter(written, want)
         return [inputs[j] if is_input else results[j] for is_input, j in p.outs]
 
     def __call__(self, inputs):
@@ -91,6 +101,16 @@ class Compiled:
         for message, category in k.warnings:
             warnings.warn(message, category, stacklevel=3)
         return flat[0] if k.single else tree_unflatten(list(flat), k.spec)
+
+
+def _shares_storage(inputs, written) -> bool:
+    """Whether a written input shares memory with another tensor input (or another object of it)."""
+    for i in written:
+        ptr = inputs[i].untyped_storage().data_ptr()
+        if any(j != i and isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
+               for j, t in enumerate(inputs)):
+            return True
+    return False
 
 
 def _views(op) -> bool:
@@ -119,9 +139,10 @@ class Plan:
     writes: tuple  # (input index, result index): input.copy_(result) after the call
     outs: tuple  # per output of the op: (True, input index) or (False, result index)
     compute: int  # ops that are not views: fusion saves a memory pass (and a call) each
+    fused: tuple = ()  # inputs the compiled code writes itself (fuse_writes): no copy_ after it
 
 
-def plan(kernel) -> Plan | Declined:
+def plan(kernel, fuse_writes: bool = False) -> Plan | Declined:
     """Make ``kernel``'s graph functional for a compiler, or say why it is not worth or not safe to compile.
 
     NOTE: views stay on replay (their output must share the input's memory, and there is
@@ -132,6 +153,11 @@ def plan(kernel) -> Plan | Declined:
     input (in-place, out=) comes out too and is done by the same ``copy_`` replay does:
     the compiled code stays functional, so no compiler has to get input mutation, version
     counters or the returned object's identity right.
+
+    ``fuse_writes`` (for Inductor, which handles input mutation): the final ``copy_`` into
+    an input stays in the graph, so the compiled code writes the result where it goes in
+    the same pass. Such code assumes the written input shares memory with no other input;
+    a call where it does runs replay instead (:meth:`Compiled.flat`).
     """
     if kernel.random:
         return Declined("draws random numbers (keeps eagerdecomp's stream)")
@@ -154,7 +180,7 @@ def plan(kernel) -> Plan | Declined:
                     outs.append((False, len(results)))
                     results.append(env[o])
             w = []
-            for dst, value in writes:  # the written values become results, copied in by the wrapper
+            for dst, value in writes if not fuse_writes else ():  # results, copied in by the wrapper
                 w.append((index[dst], len(results)))
                 results.append(env[value])
             graph.output(results)
@@ -171,13 +197,16 @@ def plan(kernel) -> Plan | Declined:
                 written[node.args[0]] = node.args[0]  # nothing may read the input after the write
                 writes.append((node.args[0], node.args[1]))
                 compute += 1  # the write is a memory pass: fusion folds the compute before it into one
+                if fuse_writes:
+                    graph.node_copy(node, lambda n: env[n])  # no users: kept, as a mutation
                 continue
             if not _views(target):
                 compute += 1
         env[node] = graph.node_copy(node, lambda n: env[n])
     if compute < 2:
         return Declined("one op: nothing to fuse")
-    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), tuple(w), tuple(outs), compute)
+    fused = tuple(index[dst] for dst, _ in writes) if fuse_writes else ()
+    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), tuple(w), tuple(outs), compute, fused)
 
 
 def worth(p: Plan, inputs) -> bool:
@@ -189,7 +218,7 @@ def worth(p: Plan, inputs) -> bool:
     A kernel that writes an input keeps eager's overlap checks and its copy_ either way,
     which dominate on small tensors: it compiles on size alone.
     """
-    return (p.compute >= MIN_OPS and not p.writes) or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
+    return (p.compute >= MIN_OPS and not (p.writes or p.fused)) or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
 
 
 def _fill(tree, inputs):
@@ -292,6 +321,9 @@ class Compiler:
 
     def __init__(self, name: str, fn: Callable):
         self.name, self.fn = name, fn
+        # NOTE: Inductor handles input mutation (fused into the kernel, versions advanced by
+        # AOTAutograd); a compiler of the user's gets functional graphs, as documented
+        self.fuse_writes = fn is _inductor
         self._table: dict = {}  # key -> Compiled | Declined; read without a lock
         self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
         self._kernels: dict = {}  # id(kernel) -> (kernel, Declined | None): a kernel's own verdict
@@ -331,7 +363,8 @@ class Compiler:
     def _make(self, kernel, inputs, stats):
         verdict = self._kernels.get(id(kernel))
         if verdict is None or verdict[0] is not kernel:
-            verdict = self._kernels[id(kernel)] = (kernel, plan(kernel))
+            fused = plan(kernel, fuse_writes=True) if self.fuse_writes else None
+            verdict = self._kernels[id(kernel)] = (kernel, plan(kernel), fused if type(fused) is Plan else None)
         p = verdict[1]
         if type(p) is Declined:
             stats.not_compiled(kernel.op, p.reason)
@@ -339,16 +372,29 @@ class Compiler:
         if not worth(p, inputs):
             stats.not_compiled(kernel.op, f"replay is as fast at this size (< {MIN_OPS} ops, < {MIN_NUMEL} elements)")
             return Declined("small")
-        mine, theirs = (_copies(inputs), _copies(inputs)) if p.writes else (list(inputs), list(inputs))
+        if verdict[2] is not None and verdict[2].fused and not _shares_storage(inputs, verdict[2].fused):
+            p = verdict[2]  # (compiled on inputs that share no memory: the code assumes so)
+        written = p.fused or tuple(i for i, _ in p.writes)
+        mine, theirs = (_copies(inputs), _copies(inputs)) if written else (list(inputs), list(inputs))
         t0 = time.perf_counter()
         try:
-            fn = self.fn(p.module, list(inputs))  # functional: the inputs are only read
+            fn = self.fn(p.module, list(inputs))  # functional (or fused: compiled over fakes), inputs only read
             compiled = Compiled(fn, kernel, p, 0.0)
+            theirs_before = [theirs[i]._version for i in written]
+            want = kernel.fn(*theirs)
+            # replay's version count for each written input, in this very context (the mode's)
+            advanced = tuple(theirs[i]._version - b for i, b in zip(written, theirs_before))
+            if p.fused:
+                compiled.versions = advanced
+            mine_before = [mine[i]._version for i in written]
             got = compiled.flat(mine)
+            mine_advanced = tuple(mine[i]._version - b for i, b in zip(written, mine_before))
         except Exception as e:  # noqa: BLE001 - any compiler failure falls back to replay
             return self._decline(kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         compiled.seconds = time.perf_counter() - t0
-        bad = _check(got, kernel.fn(*theirs), mine, theirs) or _check(mine, theirs, mine, theirs)
+        bad = _check(got, want, mine, theirs) or _check(mine, theirs, mine, theirs)
+        if not bad and mine_advanced != advanced:
+            bad = f"advanced the written inputs' versions by {mine_advanced}, replay by {advanced}"
         if bad:
             return self._decline(kernel, stats, f"{self.name} {bad}")
         log.info("%s: compiled by %s in %.2f s", kernel.op, self.name, compiled.seconds)

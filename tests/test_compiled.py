@@ -243,3 +243,50 @@ def test_an_in_place_foreach_returning_nothing_stays_on_replay():
     row = mode.report().row(aten._foreach_add_.List)
     assert row.compiled == 0 and row.not_compiled == ["returns a constant (None)"]
     torch.testing.assert_close(xs, [w + (compiled.AFTER + 2) * 0.5 * y for w, y in zip(want, ys)])
+
+
+def _fused_entries():
+    return [v for c in compiled._COMPILERS.values() for v in c._table.values() if type(v) is compiled.Compiled]
+
+
+def test_inductor_writes_in_place_in_the_fused_kernel_as_eager_would():
+    # the final copy_ into self stays in the graph Inductor compiles: one pass, no copy after it
+    n = compiled.MIN_NUMEL
+    y, z = torch.randn(n), torch.randn(n)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for _ in range(compiled.AFTER + 2):
+            torch.randn(n).addcmul_(y, z, value=0.5)
+    (entry,) = _fused_entries()
+    assert entry.plan.fused == (0,) and not entry.plan.writes
+    x = torch.randn(n)
+    want, version = x.clone().addcmul_(y, z, value=0.5), x._version
+    with mode:
+        out = x.addcmul_(y, z, value=0.5)
+    assert out is x and x._version == version + 1  # eager's identity and version count
+    torch.testing.assert_close(x, want)
+    # self sharing memory with another input: this call replays (the code assumes no sharing)
+    base = torch.randn(2 * n)
+    want = base.clone()
+    with ed.EagerDecompMode("core_aten"):  # replay's answer, bit for bit
+        want[:n].addcmul_(want[n:], z, value=0.5)
+    with mode:
+        base[:n].addcmul_(base[n:], z, value=0.5)
+    torch.testing.assert_close(base, want, rtol=0, atol=0)
+
+
+def test_a_fused_write_still_trips_autograds_in_place_check():
+    n = compiled.MIN_NUMEL
+    y = torch.randn(n)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for _ in range(compiled.AFTER + 2):
+            torch.randn(n).add_(y, alpha=0.5)
+    assert _fused_entries()
+    w = torch.randn(n, requires_grad=True)
+    x = torch.randn(n)
+    loss = (w * x).sum()  # x is saved for backward
+    with mode:
+        x.add_(y, alpha=0.5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
