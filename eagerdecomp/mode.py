@@ -59,17 +59,18 @@ class EagerDecompMode(TorchDispatchMode):
         self.opset = self.runtime.opset
         self._ops = self.opset.ops
         self._dispatch: Callable = self.runtime
-        self._passed = self.runtime.stats.passthrough
+        self._passed = self.runtime.stats.pass_counters(self._ops)  # opset op -> its call counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # NOTE: only routes. Opset ops are the hot path: one set lookup, then the op.
+        # NOTE: only routes. Opset ops are the hot path: one dict lookup, then the op.
         if types and defers_to_subclass(types):
             # NOTE: a tensor subclass with its own dispatch (DTensor) runs first, with this mode
             # still active: its sharding propagation sees the op the user called, and the local
             # ops it runs come back here as plain tensors.
             return NotImplemented
-        if func in self._ops:
-            self._passed(func)
+        count = self._passed.get(func)
+        if count is not None:  # an opset op (every one has a counter)
+            next(count)
             return func(*args, **(kwargs or {}))
         return self._dispatch(func, args, kwargs or {})
 

@@ -178,7 +178,18 @@ def defers_to_subclass(types) -> bool:
     """True when a call's tensor types include a subclass with its own ``__torch_dispatch__``
     (DTensor): a mode returns NotImplemented so the subclass runs first, and the plain-tensor
     ops it runs come back to the mode. (``types`` may hold plain ``torch.Tensor`` too.)"""
-    return any(t.__torch_dispatch__ is not _NO_DISPATCH and not issubclass(t, _MODE_TENSORS) for t in types)
+    # NOTE: asked on every call the mode sees, pass-through included: remembered per types
+    # tuple (a few distinct ones in a program; forgotten when many, so classes are not held)
+    known = _DEFERS.get(types)
+    if known is None:
+        if len(_DEFERS) >= 256:
+            _DEFERS.clear()
+        known = _DEFERS[types] = any(
+            t.__torch_dispatch__ is not _NO_DISPATCH and not issubclass(t, _MODE_TENSORS) for t in types)
+    return known
+
+
+_DEFERS: dict = {}
 
 
 _NO_DISPATCH = torch.Tensor.__torch_dispatch__  # torch._C._disabled_torch_dispatch_impl

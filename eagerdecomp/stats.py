@@ -15,6 +15,7 @@ reading the report sums the shards.
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class Stats:
     def __init__(self):
         self._tls = threading.local()
         self._shards: list = []
-        self._passed: list = []  # per-thread pass-through counts (passthrough())
+        self._passed: dict = {}  # op -> itertools.count of its pass-through calls
         self._lock = threading.Lock()  # shard list and kernel facts; never on the per-call path
         self.leaf_ops: dict = {}  # op -> set of opset ops its kernels call
         self.fixups: dict = {}  # op -> set of output fix-ups its kernels apply
@@ -79,26 +80,34 @@ class Stats:
                 self._shards.append(shard)
         shard[op, route, reason, cache] += 1
 
+    def pass_counters(self, ops) -> dict:
+        """``{op: itertools.count}`` for ``ops``: the mode's pass-through test and count in one
+        lookup (``next()`` on a count is one C call, atomic under the GIL, so no per-thread dict)."""
+        with self._lock:
+            for op in ops:
+                if op not in self._passed:
+                    self._passed[op] = itertools.count()
+        return self._passed
+
     def passthrough(self, op) -> None:
-        """``record(op, Route.PASSTHROUGH)``, the hot path's own: a per-thread ``{op: calls}``."""
-        try:
-            passed = self._tls.passed
-        except AttributeError:
-            passed = self._tls.passed = {}
+        """``record(op, Route.PASSTHROUGH)``, the hot path's own (see :meth:`pass_counters`)."""
+        c = self._passed.get(op)
+        if c is None:
             with self._lock:
-                self._passed.append(passed)
-        passed[op] = passed.get(op, 0) + 1
+                c = self._passed.setdefault(op, itertools.count())
+        next(c)
 
     def counts(self) -> Counter:
         """``(op, route, reason, cache) -> calls``, summed over threads."""
         total: Counter = Counter()
         with self._lock:
             shards = list(self._shards)
-            passed = list(self._passed)
+            passed = list(self._passed.items())
         for shard in shards:
             total.update(shard.copy())
-        for p in passed:
-            for op, n in p.copy().items():
+        for op, c in passed:
+            n = c.__reduce__()[1][0]  # the count's next value: calls so far
+            if n:
                 total[op, Route.PASSTHROUGH, None, None] += n
         if self.native is not None:  # hits served in C++, counted there (exact: atomics)
             for op, lifted, n in self.native.counts():
@@ -149,8 +158,8 @@ class Stats:
         with self._lock:
             for shard in self._shards:
                 shard.clear()
-            for p in self._passed:
-                p.clear()
+            for op in self._passed:  # in place: modes hold this dict
+                self._passed[op] = itertools.count()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
             self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
         if self.native is not None:
