@@ -290,3 +290,19 @@ def test_a_fused_write_still_trips_autograds_in_place_check():
         x.add_(y, alpha=0.5)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_a_fused_write_overlapping_another_input_raises_eagers_error():
+    # the compiled key's offsets (1, 2) from distinct storages, then the same key sharing one
+    n = compiled.MIN_NUMEL
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for _ in range(compiled.AFTER + 2):
+            torch.randn(n + 2)[1:n + 1].add_(torch.randn(n + 2)[2:n + 2])
+    assert _fused_entries()
+    base = torch.randn(n + 2)
+    with pytest.raises(RuntimeError) as native:
+        base[1:n + 1].add_(base[2:n + 2])
+    with mode, pytest.raises(RuntimeError) as ours:
+        base[1:n + 1].add_(base[2:n + 2])
+    assert str(native.value).split(".")[0] in str(ours.value)
