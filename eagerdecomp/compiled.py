@@ -48,6 +48,7 @@ from torch.utils._pytree import tree_unflatten
 from . import overlap
 from .errors import UnsupportedArgumentError
 from .observe import log
+from .testing import RecordingMode
 
 __all__ = ["Compiler", "compiler_for", "plan", "AFTER", "clear"]
 
@@ -327,8 +328,8 @@ def _check(got, want, got_in, want_in) -> str | None:
 class Compiler:
     """Compiled kernels of one compiler over one kernel cache: key -> :class:`Compiled` or :class:`Declined`."""
 
-    def __init__(self, name: str, fn: Callable):
-        self.name, self.fn = name, fn
+    def __init__(self, name: str, fn: Callable, opset=None):
+        self.name, self.fn, self.opset = name, fn, opset
         # NOTE: Inductor handles input mutation (fused into the kernel, versions advanced by
         # AOTAutograd); a compiler of the user's gets functional graphs, as documented
         self.fuse_writes = fn is _inductor
@@ -395,12 +396,17 @@ class Compiler:
             if p.fused:
                 compiled.versions = advanced
             mine_before = [mine[i]._version for i in written]
-            got = compiled.flat(mine)
+            with RecordingMode() as seen:  # what the compiled code calls (Inductor: its extern kernels too)
+                got = compiled.flat(mine)
             mine_advanced = tuple(mine[i]._version - b for i, b in zip(written, mine_before))
         except Exception as e:  # noqa: BLE001 - any compiler failure falls back to replay
             return self._decline(kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         compiled.seconds = time.perf_counter() - t0
-        bad = _check(got, want, mine, theirs) or _check(mine, theirs, mine, theirs)
+        # NOTE: Inductor runs matmuls and some scatters as extern kernels, called by their out= or
+        # in-place forms (aten.mm.out, aten.scatter_reduce_.two): outside the opset, so not compiled
+        outside = seen.outside(self.opset) if self.opset is not None else []
+        bad = (f"{self.name}'s code calls ops outside the opset: {', '.join(outside)}" if outside else None)
+        bad = bad or _check(got, want, mine, theirs) or _check(mine, theirs, mine, theirs)
         if not bad and mine_advanced != advanced:
             bad = f"advanced the written inputs' versions by {mine_advanced}, replay by {advanced}"
         if bad:
@@ -427,15 +433,16 @@ _COMPILERS: dict = {}  # (id(kernel cache), compiler name, fn) -> Compiler
 _LOCK = threading.Lock()
 
 
-def compiler_for(cache, compile) -> Compiler | None:
-    """The process-wide :class:`Compiler` of ``compile`` over ``cache`` (None for ``compile=None``)."""
+def compiler_for(cache, compile, opset=None) -> Compiler | None:
+    """The process-wide :class:`Compiler` of ``compile`` over ``cache`` (None for ``compile=None``);
+    compiled code that calls ops outside ``opset`` (the cache's) is refused."""
     if compile is None:
         return None
     name, fn = _resolve(compile)
     with _LOCK:
         c = _COMPILERS.get((id(cache), name, fn))
         if c is None:
-            c = _COMPILERS[id(cache), name, fn] = Compiler(name, fn)
+            c = _COMPILERS[id(cache), name, fn] = Compiler(name, fn, opset)
         return c
 
 

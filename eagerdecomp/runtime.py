@@ -378,4 +378,4 @@ def runtime_for(opset, decompositions=None, on_unsupported: str = "error", compi
     table = default_table(opset, extra.items())
     fingerprint = (opset, frozenset(extra.items()), table_version())
     cache = cache_for(fingerprint)
-    return Runtime(opset, table, cache, on_unsupported, store_for(opset, extra), compiler_for(cache, compile))
+    return Runtime(opset, table, cache, on_unsupported, store_for(opset, extra), compiler_for(cache, compile, opset))

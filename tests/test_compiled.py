@@ -306,3 +306,21 @@ def test_a_fused_write_overlapping_another_input_raises_eagers_error():
     with mode, pytest.raises(RuntimeError) as ours:
         base[1:n + 1].add_(base[2:n + 2])
     assert str(native.value).split(".")[0] in str(ours.value)
+
+
+def test_compiled_code_calling_ops_outside_the_opset_stays_on_replay():
+    # Inductor runs addmm as an extern kernel, aten.addmm.out: not a core op, so not compiled
+    n = 128
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.randn(n, n)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mode:
+            for _ in range(compiled.AFTER + 2):  # replays, then the compile that is refused
+                a.clone().addmm_(b, c)
+        with RecordingMode() as rec, mode:
+            out = a.clone().addmm_(b, c)
+    row = mode.report().row(aten.addmm_.default)
+    assert row.compiled == 0 and any("outside the opset" in r for r in row.not_compiled), row
+    rec.assert_only("core_aten")
+    torch.testing.assert_close(out, a.clone().addmm_(b, c))
