@@ -277,3 +277,16 @@ def test_size_arguments_are_symbols_too(fresh):
     for op in (aten._unsafe_view.default, aten.zeros.default, aten.arange.default):
         row = report.row(op)
         assert row.traces <= 2 and row.family >= 2, (op, row.traces, row.family, row.exact_shapes)
+
+
+def test_in_place_view_ops_keep_exact_shape_kernels():
+    # squeeze_ of a dim that is not 1, traced over fakes with a ShapeEnv, segfaults torch 2.13
+    mode = ed.EagerDecompMode("core_aten")
+    for d in (1, -1, 2):
+        x = torch.empty_strided((5, 1, 5, 1), (5, 5, 1, 1)).normal_()
+        want = x.clone().squeeze_(d)
+        with mode:
+            out = x.squeeze_(d)
+        assert out is x and (x.shape, x.stride()) == (want.shape, want.stride())
+    row = mode.report().row(torch.ops.aten.squeeze_.dim)
+    assert any("in-place view" in r for r in row.exact_shapes), row
