@@ -335,7 +335,7 @@ class Compiler:
         self.fuse_writes = fn is _inductor
         self._table: dict = {}  # key -> Compiled | Declined; read without a lock
         self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
-        self._kernels: dict = {}  # id(kernel) -> (kernel, Declined | None): a kernel's own verdict
+        self._kernels: dict = {}  # id(kernel) -> (kernel, plan or Declined, fused-writes plan or None)
         self._busy: set = set()  # keys being compiled: other threads replay meanwhile
         self._lock = threading.Lock()
         self._warned: set = set()
