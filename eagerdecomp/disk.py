@@ -11,8 +11,9 @@ function's behaviour cannot be fingerprinted honestly (closures, globals).
 What: exact-key kernels (:class:`~eagerdecomp.replay.Kernel`), shape families (every
 member: graph, guard, output metadata), and the C++ hit path's programs
 (:mod:`eagerdecomp.native`) under the key words of the C++ library that made them, which
-the next process installs before its first miss, so a warm process starts on C++ hits. An entry holds the text of its key, which is
-compared on load, so a hash collision or a stale layout reads as a miss.
+the next process installs before its first miss, so a warm process starts on C++ hits.
+An entry holds the text of its key, which is compared on load, so a hash collision or
+a stale layout reads as a miss.
 
 Robustness. Writes go to a temporary file in the same folder, then ``os.replace``:
 readers see a whole old entry or a whole new one, never a part, and two processes
