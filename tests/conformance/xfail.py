@@ -45,7 +45,8 @@ FFT = 'an FFT: Core ATen has no op to build one from'
 LAYOUT = 'a sparse or zero-tensor layout: outside Core ATen, which is strided tensors only'
 COMPLEX_VIEW = 'reinterprets complex elements as real pairs (or conjugates them): needs a dtype view Core ATen lacks'
 BITS = 'bit-level integer or float manipulation with no exact core-op form (edge cases: sign of NaN and -0, shifts past the width)'
-ORDER_STAT = 'an order statistic or scan whose tie-breaking and NaN rules eager fixes in its kernel; no exact decomposition'
+MODE_LONG = ('mode along more than 16 elements: past insertion-sort size, std::sort partitions, and which equal element '
+             'ends a run is not reproducible in core ops (selection.py)')
 BACKWARD = "a backward op with no decomposition in PyTorch's tables (none written here yet)"
 OUT_ONLY = 'an out= overload of a factory or composite op with no functional twin of the same signature'
 MISSING = "no decomposition in PyTorch's tables and none written here yet"
@@ -78,11 +79,8 @@ BLOCKERS: dict = {
     'aten.grid_sampler_2d_backward.default': BACKWARD,
     'aten.grid_sampler_3d.default': MISSING,
     'aten.hash_tensor.default': BITS,
-    'aten.kthvalue.default': ORDER_STAT,
     'aten.linalg_eig.default': LAPACK,
-    'aten.median.dim': ORDER_STAT,
-    'aten.mode.default': ORDER_STAT,
-    'aten.nanmedian.dim': ORDER_STAT,
+    'aten.mode.default': MODE_LONG,
     'aten.sparse_sampled_addmm.default': LAYOUT,
     'aten.view_as_complex.default': COMPLEX_VIEW,
     'aten.view_as_real.default': COMPLEX_VIEW,
@@ -141,7 +139,6 @@ XFAIL: dict = {
     'hash_tensor': (U('aten.hash_tensor.default'),),
     'histogram': (U('aten.histogram.bins_tensor_out', variants=('out',), reason=HISTOGRAM_OUT),
                   U('aten.histogram.bin_ct_out', variants=('out',), reason=HISTOGRAM_OUT),),
-    'kthvalue': (U('aten.kthvalue.default'),),
     'linalg.cond': (U('aten._linalg_svd.default'),),
     'linalg.eig': (U('aten.linalg_eig.default'),),
     'linalg.eigh': (U('aten._linalg_eigh.default'),),
@@ -153,11 +150,8 @@ XFAIL: dict = {
     'linalg.pinv.singular': (U('aten.linalg_pinv.atol_rtol_tensor', variants=('fn',), reason="pinv of a matrix with singular values at rounding level: whether each falls under eager's cutoff (eps * max(m, n) * s_max) depends on eager's own SVD's rounding, so lstsq.py declines a call with a singular value within max(tol/2, 4 eps s_max) of the cutoff"),),
     'linalg.svd': (U('aten._linalg_svd.default'),),
     'linalg.svdvals': (U('aten._linalg_svd.default'),),
-    'masked.median': (U('aten.nanmedian.dim'),),
     'matrix_exp': (U('aten.linalg_matrix_exp.default', dtypes=('bfloat16',), reason="matrix_exp at bfloat16: eager's kernel returns NaN and inf for ordinary inputs (float64 thresholds, bfloat16 arithmetic); matfuncs.py declines 16-bit floats rather than answer otherwise"),),
-    'median': (U('aten.median.dim'),),
     'mode': (U('aten.mode.default'),),
-    'nanmedian': (U('aten.nanmedian.dim'),),
     'nn.functional.embedding_bag': (U('aten._embedding_bag_forward_only.default'),),
     'nn.functional.fractional_max_pool2d': (U('aten.fractional_max_pool2d.default'),),
     'nn.functional.fractional_max_pool3d': (U('aten.fractional_max_pool3d.default'),),
