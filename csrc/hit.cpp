@@ -301,12 +301,16 @@ Arg make_arg(py::handle x, const c10::TypePtr& type, PyObject* slot_type) {
     return a;
   }
   PyTypeObject* t = Py_TYPE(x.ptr());
-  if (is_tensor_type(type) && (t == &PyFloat_Type || t == &PyLong_Type || t == &PyBool_Type)) {
+  if (is_tensor_type(type) &&
+      (t == &PyFloat_Type || t == &PyLong_Type || t == &PyBool_Type || t == &PyComplex_Type)) {
     // NOTE: a number where the schema wants a Tensor becomes a *wrapped* number, as Python's
     // operator call makes it: it promotes like a scalar and takes the kernels' scalar fast path
-    a.value = wrapped(t == &PyFloat_Type  ? c10::IValue(PyFloat_AS_DOUBLE(x.ptr()))
-                      : t == &PyBool_Type ? c10::IValue(x.ptr() == Py_True)
-                                          : c10::IValue(static_cast<int64_t>(x.cast<int64_t>())));
+    a.value = wrapped(t == &PyFloat_Type   ? c10::IValue(PyFloat_AS_DOUBLE(x.ptr()))
+                      : t == &PyBool_Type  ? c10::IValue(x.ptr() == Py_True)
+                      : t == &PyComplex_Type
+                          ? c10::IValue(c10::complex<double>(PyComplex_RealAsDouble(x.ptr()),
+                                                             PyComplex_ImagAsDouble(x.ptr())))
+                          : c10::IValue(static_cast<int64_t>(x.cast<int64_t>())));
     return a;
   }
   a.value = torch::jit::toIValue(x, type);

@@ -114,7 +114,10 @@ def test_errors_are_eagers(call):
 def test_on_the_reference_device():
     g = torch.Generator().manual_seed(4)
     x = _rows(g, (8, 9), torch.float32, 0.2)
-    dev = reference_device()
+    try:
+        dev = reference_device()
+    except ed.errors.BackendError as e:  # no C++ library (EAGERDECOMP_NO_EXT=1): no device
+        pytest.skip(str(e))
     ed.enable(dev)
     try:
         y = x.to(dev)
