@@ -253,6 +253,18 @@ def unique_consecutive_flat(self, return_inverse=False, return_counts=False):
     return firsts, inverse, counts
 
 
+# NOTE: _is_all_true/_is_any_true (torch.distributions' argument checks call them) take a
+# bool tensor and return a 0-dim bool: all/any of it.
+@project_decomposition(aten._is_all_true.default)
+def is_all_true(self):
+    return aten.all.default(self)
+
+
+@project_decomposition(aten._is_any_true.default)
+def is_any_true(self):
+    return aten.any.default(self)
+
+
 # NOTE: no decomposition in PyTorch for the full reductions. The lower median of the
 # sorted values; median propagates NaN, nanmedian skips NaNs (all-NaN gives NaN).
 def _lower_median(self, skip_nan: bool):

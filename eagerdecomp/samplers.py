@@ -1,4 +1,5 @@
-"""Rejection samplers (poisson, binomial, _standard_gamma) from core ``rand``/``randn``.
+"""Rejection samplers (poisson, binomial, _standard_gamma, _sample_dirichlet) from core ``rand``/``randn``,
+and the gamma draw's reparameterized gradient (``_standard_gamma_grad``).
 
 Each follows its CPU kernel's algorithm and edge cases (``aten/src/ATen/native/
 Distributions.{h,cpp}``): Hörmann's transformed rejection for large means, Knuth's
@@ -8,7 +9,8 @@ waiting draws in the same round, and rounds repeat until all have accepted. The 
 from ``torch.manual_seed``'s stream in another order than the kernel's, so the numbers
 differ from eager's while the distribution is the same (checked by distribution tests in
 ``tests/test_samplers.py``), and the same seed gives the same numbers. The loop reads a data
-value each round, so these ops decompose eagerly on every call (not cached).
+value each round, so these ops decompose eagerly on every call (not cached); the gradient is
+pointwise and is traced once.
 """
 
 from __future__ import annotations
@@ -230,14 +232,11 @@ def binomial(count, prob, generator=None):
 # -- gamma -------------------------------------------------------------------------------
 
 # NOTE: Marsaglia and Tsang, with the kernel's boost for alpha < 1 (a Gamma(alpha + 1) draw
-# times U ** (1 / alpha)) and its final max(tiny, sample): alpha 0 and NaN give the dtype's
-# smallest normal number, as the kernel does. The kernel redraws x alone while 1 + c x <= 0;
-# rejecting the whole round instead draws from the same distribution.
-@project_decomposition(aten._standard_gamma.default)
-def standard_gamma(self, generator=None):
-    if generator is not None or not _floats(self):
-        return NotImplemented
-    alpha = aten._to_copy.default(self, dtype=f64)
+# times U ** (1 / alpha)). The kernel redraws x alone while 1 + c x <= 0; rejecting the whole
+# round instead draws from the same distribution. Alpha 0 (and NaN, which the kernel turns
+# into its floor below) leaves 0.
+def _gamma(alpha):
+    """Gamma(alpha) draws in double for a double ``alpha``, before the callers' floors."""
     boost = aten.lt.Scalar(alpha, 1)
     scale = aten.where.self(boost, aten.pow.Tensor_Tensor(aten.rsub.Scalar(_uniform(alpha), 1),
                                                           aten.reciprocal.default(alpha)), _full(alpha, 1.0))
@@ -263,7 +262,109 @@ def standard_gamma(self, generator=None):
         out = aten.where.self(take, aten.mul.Tensor(aten.mul.Tensor(scale, d), v), out)
         return take
 
-    _rounds("_standard_gamma", waiting, step)
-    sample = aten._to_copy.default(out, dtype=self.dtype)
-    tiny = aten.full_like.default(sample, torch.finfo(self.dtype).tiny)
-    return aten.where.self(aten.lt.Tensor(tiny, sample), sample, tiny)
+    _rounds("gamma", waiting, step)
+    return out
+
+
+def _at_least(x, floor):
+    """std::max(floor, x): NaN gives the floor."""
+    floor = aten.full_like.default(x, floor)
+    return aten.where.self(aten.lt.Tensor(floor, x), x, floor)
+
+
+# NOTE: the kernel's final max(tiny, sample): alpha 0 and NaN give the dtype's smallest
+# normal number, as eager does.
+@project_decomposition(aten._standard_gamma.default)
+def standard_gamma(self, generator=None):
+    if generator is not None or not _floats(self):
+        return NotImplemented
+    sample = aten._to_copy.default(_gamma(aten._to_copy.default(self, dtype=f64)), dtype=self.dtype)
+    return _at_least(sample, torch.finfo(self.dtype).tiny)
+
+
+# NOTE: Dirichlet as the kernel draws it: gamma draws in double (floored at double's
+# smallest normal), normalized along the last dim, cast, and kept inside
+# [smallest normal, the float just below 1] of the result dtype.
+@project_decomposition(aten._sample_dirichlet.default)
+def sample_dirichlet(self, generator=None):
+    if generator is not None or not _floats(self):
+        return NotImplemented
+    gamma = _at_least(_gamma(aten._to_copy.default(self, dtype=f64)), torch.finfo(f64).tiny)
+    share = aten._to_copy.default(aten.div.Tensor(gamma, aten.sum.dim_IntList(gamma, [-1], True)), dtype=self.dtype)
+    share = _at_least(share, torch.finfo(self.dtype).tiny)
+    below_one = aten.full_like.default(share, math.nextafter(1.0, 0.0) if self.dtype == f64 else 1 - 2.0**-24)
+    return aten.where.self(aten.lt.Tensor(share, below_one), share, below_one)
+
+
+def _poly(v, coefs):
+    """coefs[0] + v * (coefs[1] + v * (coefs[2] + v * coefs[3])) (Horner, as the kernel)."""
+    out = coefs[3]
+    for c in reversed(coefs[:3]):
+        out = aten.add.Tensor(aten.mul.Tensor(out, v), c)
+    return out
+
+
+_GRAD_UV = (
+    (0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084),
+    (0.53487893, 0.1298071, 0.065735949, -0.0015649758, 0.16639465, 0.020070113, -0.0035938915, -0.00058392623),
+    (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777, 0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07),
+)
+
+
+# NOTE: the reparameterized gradient of a Gamma draw (Gamma.rsample's backward) by the
+# kernel's three approximations, in double: a Taylor series of the CDF for x < 0.8 (NaN
+# becomes 0 there, as in the kernel), Rice's saddle-point expansion for alpha > 8, and a
+# bivariate rational function of log(x / alpha) and log(alpha) otherwise. Pointwise:
+# traced once and replayed. It agrees with the kernel to rounding (digamma is computed by
+# eagerdecomp's digamma, not the kernel's private one).
+@project_decomposition(aten._standard_gamma_grad.default)
+def standard_gamma_grad(self, output):
+    if not _floats(self):
+        return NotImplemented
+    alpha, x = aten._to_copy.default(self, dtype=f64), aten._to_copy.default(output, dtype=f64)
+    # Taylor series for small x
+    numer, denom = aten.full_like.default(x, 1.0), alpha
+    series1 = aten.reciprocal.default(denom)
+    series2 = aten.reciprocal.default(aten.mul.Tensor(denom, denom))
+    for i in range(1, 6):
+        numer = aten.mul.Tensor(numer, aten.div.Tensor(aten.neg.default(x), float(i)))
+        denom = aten.add.Tensor(denom, 1)
+        series1 = aten.add.Tensor(series1, aten.div.Tensor(numer, denom))
+        series2 = aten.add.Tensor(series2, aten.div.Tensor(numer, aten.mul.Tensor(denom, denom)))
+    pow_x_alpha = aten.pow.Tensor_Tensor(x, alpha)
+    pdf = aten.mul.Tensor(aten.pow.Tensor_Tensor(x, aten.sub.Tensor(alpha, 1)), aten.exp.default(aten.neg.default(x)))
+    cdf = aten.mul.Tensor(pow_x_alpha, series1)
+    cdf_alpha = aten.sub.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.log.default(x), aten.digamma.default(alpha)), cdf),
+                                aten.mul.Tensor(pow_x_alpha, series2))
+    taylor = aten.div.Tensor(aten.neg.default(cdf_alpha), pdf)
+    taylor = aten.where.self(aten.isnan.default(taylor), aten.zeros_like.default(taylor), taylor)
+    # Rice saddle point for large alpha: near the mode, then away from it
+    aa = aten.mul.Tensor(alpha, alpha)
+    near_num1 = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(alpha, 24), aten.add.Tensor(aten.mul.Tensor(alpha, 12), 1)), 1)
+    near_num2 = aten.add.Tensor(aten.sub.Tensor(aten.add.Tensor(aten.mul.Tensor(aa, 1440), aten.mul.Tensor(aten.mul.Tensor(x, 6), aten.rsub.Scalar(aten.mul.Tensor(x, 120), 53))),
+                                                aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(x, x), 65), alpha)),
+                                aten.mul.Tensor(alpha, aten.add.Tensor(aten.mul.Tensor(x, 3600), 107)))
+    near = aten.div.Tensor(aten.mul.Tensor(near_num1, near_num2), aten.mul.Tensor(aten.mul.Tensor(aa, aa), 1244160))
+    sq = aten.sqrt.default(aten.mul.Tensor(alpha, 8))
+    term2 = aten.div.Tensor(sq, aten.sub.Tensor(alpha, x))
+    log_ratio = aten.log.default(aten.div.Tensor(x, alpha))
+    term3 = aten.pow.Tensor_Scalar(aten.sub.Tensor(aten.sub.Tensor(x, alpha), aten.mul.Tensor(alpha, log_ratio)), -1.5)
+    term23 = aten.where.self(aten.lt.Tensor(x, alpha), aten.sub.Tensor(term2, term3), aten.add.Tensor(term2, term3))
+    diff = aten.sub.Tensor(alpha, x)
+    term1 = aten.sub.Tensor(aten.mul.Tensor(log_ratio, term23), aten.div.Tensor(
+        aten.mul.Tensor(aten.sqrt.default(aten.div.Tensor(aten.full_like.default(alpha, 2.0), alpha)), aten.add.Tensor(alpha, x)),
+        aten.mul.Tensor(diff, diff)))
+    inv12 = aten.reciprocal.default(aten.mul.Tensor(alpha, 12))
+    stirling = aten.add.Tensor(aten.mul.Tensor(inv12, aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(alpha, 24)), 1)), 1)
+    far = aten.div.Tensor(aten.neg.default(aten.mul.Tensor(stirling, aten.mul.Tensor(x, term1))), sq)
+    in_band = aten.logical_and.default(aten.le.Tensor(aten.mul.Tensor(alpha, 0.9), x), aten.le.Tensor(x, aten.mul.Tensor(alpha, 1.1)))
+    rice = aten.where.self(in_band, near, far)
+    # rational approximation in (u, v) = (log(x / alpha), log(alpha))
+    u, v = log_ratio, aten.log.default(alpha)
+    coef = [aten.add.Tensor(aten.mul.Tensor(u, aten.add.Tensor(aten.mul.Tensor(u, _GRAD_UV[2][i]), _GRAD_UV[1][i])), _GRAD_UV[0][i])
+            for i in range(8)]
+    p = _poly(v, coef[:4])
+    q = _poly(v, coef[4:])
+    rational = aten.exp.default(aten.div.Tensor(p, q))
+    out = aten.where.self(aten.lt.Scalar(x, 0.8), taylor, aten.where.self(aten.gt.Scalar(alpha, 8), rice, rational))
+    return aten._to_copy.default(out, dtype=self.dtype)

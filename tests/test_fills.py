@@ -424,3 +424,13 @@ def test_multi_margin_loss_0d_target_unreduced_is_declined_not_reshaped():
     for g, c in zip(got, calls):
         w = c()
         assert g.shape == w.shape and torch.allclose(g, w)
+
+
+def test_is_all_true_and_is_any_true():
+    for data in ([True, True], [True, False], [False, False], []):
+        x = torch.tensor(data, dtype=torch.bool)
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = (torch._is_all_true(x), torch._is_any_true(x))
+        rec.assert_only("core_aten")
+        for g, w in zip(got, (torch._is_all_true(x), torch._is_any_true(x))):
+            assert (g.dtype, g.shape, g.item()) == (w.dtype, w.shape, w.item())
