@@ -131,6 +131,9 @@ def _out(op, functional, *args, **kwargs):
 
 
 _LISTS = {"List[Tensor]": "Tensor", "List[number]": "number"}
+# NOTE: a foreach op whose per-tensor op has no overload of its shape maps to the op its
+# kernel calls: _foreach_maximum.Scalar is clamp_min per tensor (NaN in either stays NaN).
+_PER_TENSOR_ALIAS = {"maximum": "clamp_min", "minimum": "clamp_max"}
 
 
 def _per_tensor(op):
@@ -143,17 +146,21 @@ def _per_tensor(op):
     lists = tuple(i for i, a in enumerate(args) if str(a.type) in _LISTS)
     if not lists or any(args[i].kwarg_only for i in lists):
         return None
-    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1].removeprefix("_foreach_"), None)
+    name = op._schema.name.split("::")[-1].removeprefix("_foreach_")
     want = [_LISTS.get(str(a.type), str(a.type)) for a in args]
-    fits = []
-    for name in packet.overloads() if packet is not None else ():
-        cand = getattr(packet, name)
-        cargs = cand._schema.arguments
-        # the per-tensor op may take trailing defaulted extras (add.Scalar's alpha)
-        if not is_out(cand) and [str(a.type) for a in cargs[: len(want)]] == want:
-            if all(a.has_default_value() for a in cargs[len(want) :]):
-                fits.append((len(cargs), cand))
-    return (min(fits, key=lambda f: f[0])[1], lists) if fits else None
+    for packet_name in (name, _PER_TENSOR_ALIAS.get(name)):
+        packet = getattr(torch.ops.aten, packet_name, None) if packet_name else None
+        fits = []
+        for overload in packet.overloads() if packet is not None else ():
+            cand = getattr(packet, overload)
+            cargs = cand._schema.arguments
+            # the per-tensor op may take trailing defaulted extras (add.Scalar's alpha)
+            if not is_out(cand) and [str(a.type) for a in cargs[: len(want)]] == want:
+                if all(a.has_default_value() for a in cargs[len(want) :]):
+                    fits.append((len(cargs), cand))
+        if fits:
+            return min(fits, key=lambda f: f[0])[1], lists
+    return None
 
 
 def _foreach(op, per_tensor, lists, *args, **kwargs):

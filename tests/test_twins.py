@@ -1,0 +1,93 @@
+"""Private twins of public ops (eagerdecomp/twins.py) and foreach aliases: exactly eager."""
+
+import math
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp.testing import RecordingMode
+
+aten = torch.ops.aten
+
+
+def _same(want, got):
+    if isinstance(want, torch.Tensor):
+        want, got = [want], [got]
+    assert len(want) == len(got)
+    for w, g in zip(want, got):
+        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        assert torch.equal(w.isnan(), g.isnan()) if w.is_floating_point() else True
+        assert torch.equal(w.nan_to_num(), g.nan_to_num())
+        if w.is_floating_point():  # -0.0 and +0.0 too
+            assert torch.equal(torch.signbit(w), torch.signbit(g))
+
+
+def _check(fn, *args, **kwargs):
+    want = fn(*args, **kwargs)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = fn(*args, **kwargs)
+    rec.assert_only("core_aten")
+    _same(want, got)
+
+
+def _data(dtype, n=37):
+    g = torch.Generator().manual_seed(0)
+    if dtype.is_floating_point:
+        x = torch.randn(n, generator=g).to(dtype)
+        x[:4] = torch.tensor([math.nan, -0.0, 0.0, -math.inf])
+        return x
+    return torch.randint(-5, 5, (n,), generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64], ids=str)
+def test_add_relu(dtype):
+    x, y = _data(dtype), _data(dtype).flip(0)
+    if dtype.is_floating_point:  # NaN: see the NOTE on _add_relu (eager's answer depends on the position)
+        x, y = x.nan_to_num(), y.nan_to_num()
+    for n in (3, 37):  # a short tail and the vectorized body
+        _check(aten._add_relu.Tensor, x[:n], y[:n])
+        _check(aten._add_relu.Tensor, x[:n], y[:n], alpha=2)
+        _check(aten._add_relu.Scalar, x[:n], 1, 3)
+        _check(aten._add_relu.Scalar, x[:n], -1)
+
+
+def test_add_relu_keeps_nan_as_the_vectorized_kernel_and_declines_16_bit():
+    x = torch.full((64,), math.nan)
+    assert torch.isnan(torch._add_relu(x, torch.zeros(64))[:32]).all()  # eager's vectorized body
+    with ed.EagerDecompMode("core_aten"):
+        assert torch.isnan(torch._add_relu(x, torch.zeros(64))).all()
+        with pytest.raises(ed.UnsupportedOpError):
+            torch._add_relu(x.bfloat16(), x.bfloat16())
+
+
+def test_private_reductions_stack_and_scans():
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    _check(aten._aminmax.default, x)
+    _check(aten._aminmax.dim, x, 1)
+    _check(aten._aminmax.dim, x, 0, True)
+    _check(aten._logcumsumexp.default, x, 1)
+    _check(aten._stack.default, [x, x * 2], 1)
+    _check(aten._neg_view_copy.default, x.t())
+    _check(aten._reshape_alias_copy.default, x.t(), [3, 8], [1, 3])
+
+
+def test_slow_conv3d_forward():
+    g = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(2, 3, 5, 6, 7, generator=g), torch.randn(4, 3, 2, 3, 2, generator=g), torch.randn(4, generator=g)
+    want = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])
+    rec.assert_only("core_aten")
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    torch.testing.assert_close(got, want)  # another convolution kernel: rounding may differ
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_foreach_maximum_and_minimum_with_scalars(dtype):
+    tensors = [_data(dtype, 5), _data(dtype, 7)[1:]]
+    for scalar in (0.5, 2, -math.inf, math.nan):
+        _check(aten._foreach_maximum.Scalar, tensors, scalar)
+        _check(aten._foreach_minimum.Scalar, tensors, scalar)
+    _check(aten._foreach_maximum.ScalarList, tensors, [0.5, -1])
+    _check(aten._foreach_minimum.ScalarList, tensors, [3, math.nan])
