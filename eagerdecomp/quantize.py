@@ -1,0 +1,61 @@
+"""Fake quantization (quantization-aware training) in core ops, with the CPU kernel's arithmetic.
+
+``fake_quantize_per_tensor_affine`` (and the observers' ``_tensor_qparams`` form) rounds
+each value to the quantization grid and back, and keeps a mask of the values that were in
+range for the backward. The kernel's mixed-precision steps are reproduced one by one, so
+the outputs are bitwise eager's.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from .registry import project_decomposition
+
+aten = torch.ops.aten
+_TYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32, as a C++ ``float`` parameter receives it."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# NOTE: the kernel's steps and their precisions: inv_scale = 1.0f / scale (float; the double
+# quotient rounded to float is the same number); x * inv_scale in float (double for double
+# input); nearbyint (half to even: round); + zero_point in that type; fmax/fmin against the
+# range in double (fmax ignores NaN: a NaN lands on quant_min), then int64; (q - zero_point)
+# times the float scale in float; the mask compares the unclamped value with the range.
+def _fake_quantize(self, scale, zero_point, quant_min, quant_max):
+    work = torch.float64 if self.dtype == torch.float64 else torch.float32
+    sc = _f32(scale)
+    x = aten._to_copy.default(self, dtype=work)
+    q = aten.add.Tensor(aten.round.default(aten.mul.Tensor(x, _f32(1.0 / sc))), zero_point)
+    wide = aten._to_copy.default(q, dtype=torch.float64)
+    clamped = aten.clamp.default(wide, quant_min, quant_max)
+    clamped = aten.where.self(aten.isnan.default(wide), aten.full_like.default(wide, quant_min), clamped)
+    qint = aten.sub.Tensor(aten._to_copy.default(clamped, dtype=torch.int64), zero_point)
+    out = aten._to_copy.default(aten.mul.Tensor(aten._to_copy.default(qint, dtype=torch.float32), sc), dtype=self.dtype)
+    mask = aten.logical_and.default(aten.ge.Scalar(q, quant_min), aten.le.Scalar(q, quant_max))
+    return out, mask
+
+
+@project_decomposition(aten.fake_quantize_per_tensor_affine_cachemask.default)
+def fake_quantize_cachemask(self, scale, zero_point, quant_min, quant_max):
+    if self.dtype not in _TYPES:
+        return NotImplemented  # the kernel has no other dtype (eager raises)
+    return _fake_quantize(self, scale, zero_point, quant_min, quant_max)
+
+
+# NOTE: the tensor_qparams form reads its scale, zero point and on/off switch as numbers
+# (.item() in the kernel): a data value, so it decomposes eagerly on every call.
+@project_decomposition(aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default)
+def fake_quantize_cachemask_tensor_qparams(self, scale, zero_point, fake_quant_enabled, quant_min, quant_max):
+    if self.dtype not in _TYPES:
+        return NotImplemented
+    item = aten._local_scalar_dense.default
+    if not int(item(fake_quant_enabled)):
+        return aten.clone.default(self), aten.full.default(list(self.shape), True, dtype=torch.bool, device=self.device)
+    return _fake_quantize(self, float(item(scale)), int(item(zero_point)), quant_min, quant_max)

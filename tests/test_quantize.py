@@ -1,0 +1,52 @@
+"""Fake quantization (eagerdecomp/quantize.py): bitwise eager, ties, range edges, NaN and the backward."""
+
+import math
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp.testing import RecordingMode
+
+aten = torch.ops.aten
+
+
+def _inputs(dtype, scale):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, generator=g) * 40 * scale
+    ties = (torch.arange(-300, 300) + 0.5) * scale  # exactly between two grid points
+    edges = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30])
+    return torch.cat([x, ties, edges]).to(dtype)
+
+
+def _same(want, got):
+    for w, g in zip(want, got):
+        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        assert torch.equal(w.nan_to_num(), g.nan_to_num()) and torch.equal(w.isnan(), g.isnan())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+@pytest.mark.parametrize("scale,zero_point,qmin,qmax", [(0.1, 0, -128, 127), (0.0173, 37, 0, 255), (3.0, -5, -(2**31), 2**31 - 1)])
+def test_cachemask_is_bitwise_eager(dtype, scale, zero_point, qmin, qmax):
+    x = _inputs(dtype, scale)
+    want = aten.fake_quantize_per_tensor_affine_cachemask(x, scale, zero_point, qmin, qmax)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = aten.fake_quantize_per_tensor_affine_cachemask(x, scale, zero_point, qmin, qmax)
+    rec.assert_only("core_aten")
+    _same(want, got)
+
+
+@pytest.mark.parametrize("enabled", [0, 1])
+def test_tensor_qparams_and_training_step(enabled):
+    x = _inputs(torch.float32, 0.05).requires_grad_()
+    args = (torch.tensor([0.05]), torch.tensor([3], dtype=torch.int32), torch.tensor([enabled], dtype=torch.uint8), 0, 255)
+    want = aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(x.detach(), *args)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(x.detach(), *args)
+        y = torch.fake_quantize_per_tensor_affine(x, 0.05, 3, 0, 255)  # the public op, with its backward
+        (grad,) = torch.autograd.grad(y.nan_to_num().sum(), x)
+    rec.assert_only("core_aten")
+    _same(want, got)
+    y_native = torch.fake_quantize_per_tensor_affine(x, 0.05, 3, 0, 255)
+    (grad_native,) = torch.autograd.grad(y_native.nan_to_num().sum(), x)
+    _same((y_native, grad_native), (y, grad))
