@@ -16,6 +16,13 @@ from .registry import project_decomposition
 
 aten = torch.ops.aten
 _TYPES = (torch.float32, torch.float64, torch.float16)
+_ZP_RANGE = "`zero_point` must be between `quant_min` and `quant_max`."
+
+
+def _check_range(quant_min, quant_max):
+    """The kernels' argument checks, with their messages."""
+    if quant_min > quant_max:
+        raise RuntimeError("`quant_min` should be less than or         equal to `quant_max`.")
 
 
 def _f32(x: float) -> float:
@@ -29,6 +36,9 @@ def _f32(x: float) -> float:
 # range in double (fmax ignores NaN: a NaN lands on quant_min), then int64; (q - zero_point)
 # times the float scale in float; the mask compares the unclamped value with the range.
 def _fake_quantize(self, scale, zero_point, quant_min, quant_max):
+    _check_range(quant_min, quant_max)
+    if not quant_min <= zero_point <= quant_max:
+        raise RuntimeError(_ZP_RANGE)
     work = torch.float64 if self.dtype == torch.float64 else torch.float32
     sc = _f32(scale)
     x = aten._to_copy.default(self, dtype=work)
@@ -59,3 +69,43 @@ def fake_quantize_cachemask_tensor_qparams(self, scale, zero_point, fake_quant_e
     if not int(item(fake_quant_enabled)):
         return aten.clone.default(self), aten.full.default(list(self.shape), True, dtype=torch.bool, device=self.device)
     return _fake_quantize(self, float(item(scale)), int(item(zero_point)), quant_min, quant_max)
+
+
+# NOTE: the per-channel kernel differs from the per-tensor one in its steps: with an integer
+# zero point, q = int64(zero_point + nearbyint(x * inv_scale)) and the fake value is
+# (clamp(q) - zero_point) * scale in double; with a float zero point (learnable QAT),
+# q = lrintf(zero_point + x * inv_scale), rounding after the shift. inv_scale is 1.0f / scale
+# per channel in float either way. A float zero point is taken for float32 and half input
+# only: with double input the kernel rounds a double sum through lrintf's float argument.
+def _name(dtype):
+    return {torch.float64: "Double", torch.int64: "Long", torch.bfloat16: "BFloat16", torch.int16: "Short",
+            torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
+
+
+@project_decomposition(aten.fake_quantize_per_channel_affine_cachemask.default)
+def fake_quantize_per_channel_cachemask(self, scale, zero_point, axis, quant_min, quant_max):
+    integer_zp = not zero_point.dtype.is_floating_point
+    if scale.dtype not in (torch.float32, torch.bfloat16):
+        raise RuntimeError(f"Scale must be Float or BFloat16, found {_name(scale.dtype)}")
+    if zero_point.dtype not in (torch.int32, torch.float32, torch.float16):
+        raise RuntimeError(f"Zero-point must be Int32, Float or Half, found {_name(zero_point.dtype)}")
+    _check_range(quant_min, quant_max)
+    # NOTE: the zero points' range is checked on their values: a data value, so this op
+    # decomposes eagerly on every call
+    outside = aten.logical_or.default(aten.lt.Scalar(zero_point, quant_min), aten.gt.Scalar(zero_point, quant_max))
+    if aten._local_scalar_dense.default(aten.any.default(outside)):
+        raise RuntimeError(_ZP_RANGE)
+    shape = [1] * self.dim()
+    shape[axis] = -1
+    work = torch.float64 if self.dtype == torch.float64 else torch.float32
+    sc = aten.view.default(aten._to_copy.default(scale, dtype=torch.float32), shape)
+    prod = aten.mul.Tensor(aten._to_copy.default(self, dtype=work), aten._to_copy.default(aten.reciprocal.default(sc), dtype=work))
+    if self.dtype not in _TYPES or (not integer_zp and (zero_point.dtype != torch.float32 or self.dtype == torch.float64)):
+        return NotImplemented
+    zp = aten.view.default(aten._to_copy.default(zero_point, dtype=work), shape)
+    shifted = aten.add.Tensor(aten.round.default(prod), zp) if integer_zp else aten.round.default(aten.add.Tensor(zp, prod))
+    q = aten._to_copy.default(shifted, dtype=torch.int64)
+    wide = lambda t: aten._to_copy.default(t, dtype=torch.float64)  # noqa: E731
+    fake = aten.mul.Tensor(aten.sub.Tensor(aten.clamp.default(wide(q), quant_min, quant_max), wide(zp)), wide(sc))
+    mask = aten.logical_and.default(aten.ge.Scalar(q, quant_min), aten.le.Scalar(q, quant_max))
+    return aten._to_copy.default(fake, dtype=self.dtype), mask
