@@ -43,29 +43,6 @@ def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     return _to(grad_v, saved_v.dtype), _to(grad_g, saved_g.dtype)
 
 
-# NOTE: EmbeddingBag(mode="sum") with per_sample_weights (recommendation models): the
-# gradient of each weight is the dot product of its bag's output gradient with the
-# embedding row it scaled; padding_idx rows get 0. Eager refuses other modes.
-@project_decomposition(aten._embedding_bag_per_sample_weights_backward.default)
-def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
-    if mode != 0:
-        raise RuntimeError("embedding_bag_backward: per_sample_weights only supported for mode='sum'")
-    acc = _acc(grad.dtype)
-    n = indices.shape[0]
-    if offset2bag.shape[0] != n:  # the CPU forward's fast sum path leaves it empty: rebuild it
-        ones = aten.full.default([offsets.shape[0]], 1, dtype=torch.int64, device=indices.device)
-        marks = aten.full.default([n + 1], 0, dtype=torch.int64, device=indices.device)
-        marks = aten.index_put.default(marks, [aten.clamp.default(offsets, None, n)], ones, True)
-        offset2bag = aten.sub.Tensor(aten.cumsum.default(aten.slice.Tensor(marks, 0, 0, n), 0), 1)
-    rows = aten.index.Tensor(_to(weight, acc), [indices])
-    bags = aten.index.Tensor(_to(grad, acc), [offset2bag])
-    out = aten.sum.dim_IntList(aten.mul.Tensor(rows, bags), [1])
-    if padding_idx >= 0:
-        zero = aten.scalar_tensor.default(0, dtype=acc, device=grad.device)
-        out = aten.where.self(aten.eq.Scalar(indices, padding_idx), zero, out)
-    return _to(out, grad.dtype)
-
-
 # NOTE: bicubic upsampling (vision transformers resizing position embeddings, image
 # models) has a decomposed forward but no backward. Each output gradient goes back to the
 # 4x4 input taps it was blended from (indices clamped to the border, as the forward reads
