@@ -49,6 +49,7 @@ MODE_LONG = ('mode along more than 16 elements: past insertion-sort size, std::s
 BACKWARD = "a backward op with no decomposition in PyTorch's tables (none written here yet)"
 EMBEDDING_BAG_LAST = ('include_last_offset: the CPU kernel and the meta kernel disagree on the length of bag_size '
                       '(and max_indices): declined (embedding_bag.py)')
+BICUBIC_BACKWARD = 'grid_sampler_2d_backward in bicubic mode: declined (grid_sample.py covers bilinear and nearest)'
 OUT_ONLY = 'an out= overload of a factory or composite op with no functional twin of the same signature'
 MISSING = "no decomposition in PyTorch's tables and none written here yet"
 DECLINED = "PyTorch's decomposition declines these arguments (it covers only some shapes)"
@@ -74,7 +75,7 @@ BLOCKERS: dict = {
     'aten._to_sparse.sparse_dim': LAYOUT,
     'aten._upsample_bilinear2d_aa.default': MISSING,
     'aten.geqrf.a': 'the out= form of geqrf: its meta kernel leaves the outs unresized where eager resizes them, so no trace can match eager (householder.py declines it)',
-    'aten.grid_sampler_2d_backward.default': BACKWARD,
+    'aten.grid_sampler_2d_backward.default': BICUBIC_BACKWARD,
     'aten.grid_sampler_3d.default': MISSING,
     'aten.hash_tensor.default': BITS,
     'aten.linalg_eig.default': LAPACK,
