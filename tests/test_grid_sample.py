@@ -56,3 +56,23 @@ def test_bicubic_is_declined():
     x, grid = torch.randn(1, 1, 4, 4), torch.zeros(1, 2, 2, 2)
     with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError):
         aten.grid_sampler_2d_backward(torch.ones(1, 1, 2, 2), x, grid, 2, 0, False, [True, True])
+
+
+@pytest.mark.parametrize("interpolation", [0, 1], ids=["trilinear", "nearest"])
+@pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_3d_forward_and_backward_match_the_kernels(interpolation, padding, align_corners, dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 4, 5, 6, generator=g, dtype=dtype)
+    grid = _grid(g, (2, 3, 2, 4, 3), dtype)
+    up = torch.randn(2, 3, 3, 2, 4, generator=g, dtype=dtype)
+    want = aten.grid_sampler_3d(x, grid, interpolation, padding, align_corners)
+    want_back = aten.grid_sampler_3d_backward(up, x, grid, interpolation, padding, align_corners, [True, True])
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = aten.grid_sampler_3d(x, grid, interpolation, padding, align_corners)
+        got_back = aten.grid_sampler_3d_backward(up, x, grid, interpolation, padding, align_corners, [True, True])
+    rec.assert_only("core_aten")
+    for w, o in zip((want, *want_back), (got, *got_back)):
+        assert (o.dtype, o.shape, o.stride()) == (w.dtype, w.shape, w.stride())
+        torch.testing.assert_close(o, w)
