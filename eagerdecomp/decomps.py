@@ -265,6 +265,26 @@ def is_any_true(self):
     return aten.any.default(self)
 
 
+# NOTE: _assert_async checks a one-element tensor is nonzero (NaN counts as nonzero) and raises
+# eager's error otherwise. Reading the value makes it decompose eagerly on every call; on
+# an accelerator that is the host sync the native op avoids, but its answer is eager's.
+def _assert_nonzero(self, message):
+    if self.numel() != 1:
+        raise RuntimeError(f"Boolean value of Tensor with {'no values' if self.numel() == 0 else 'more than one value'} is ambiguous")
+    if not aten._local_scalar_dense.default(aten.ne.Scalar(self, 0)):
+        raise RuntimeError(message)
+
+
+@project_decomposition(aten._assert_async.default)
+def assert_async(self):
+    _assert_nonzero(self, "Expected Tensor with single nonzero value, but got zero")
+
+
+@project_decomposition(aten._assert_async.msg)
+def assert_async_msg(self, assert_msg):
+    _assert_nonzero(self, assert_msg)
+
+
 # NOTE: no decomposition in PyTorch for the full reductions. The lower median of the
 # sorted values; median propagates NaN, nanmedian skips NaNs (all-NaN gives NaN).
 def _lower_median(self, skip_nan: bool):

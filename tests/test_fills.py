@@ -434,3 +434,20 @@ def test_is_all_true_and_is_any_true():
         rec.assert_only("core_aten")
         for g, w in zip(got, (torch._is_all_true(x), torch._is_any_true(x))):
             assert (g.dtype, g.shape, g.item()) == (w.dtype, w.shape, w.item())
+
+
+def test_assert_async_raises_eagers_errors():
+    for x in (torch.tensor(0.0), torch.tensor([1, 2]), torch.tensor([]), torch.tensor(float("nan")), torch.tensor(3)):
+        for args in ((), ("boom",)):
+            try:
+                torch._assert_async(x, *args)
+                native = None
+            except RuntimeError as e:
+                native = str(e)
+            with ed.EagerDecompMode("core_aten"):
+                if native is None:
+                    torch._assert_async(x, *args)
+                else:
+                    with pytest.raises(RuntimeError) as ours:
+                        torch._assert_async(x, *args)
+                    assert str(ours.value) == native
