@@ -8,3 +8,24 @@ tests/test_disk.py turns it on over a temporary folder of its own.
 import os
 
 os.environ["EAGERDECOMP_DISK_CACHE"] = "0"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def switched_device():
+    """The reference device (edref) with the switch on for the test, off after it; skipped
+    where the C++ library is not built (EAGERDECOMP_NO_EXT=1)."""
+    import eagerdecomp as ed
+    from eagerdecomp.testing import reference_device
+
+    try:
+        dev = reference_device()
+    except ed.errors.BackendError as e:
+        pytest.skip(str(e))
+    ed.enable(dev)
+    try:
+        yield dev
+    finally:
+        ed.disable(dev)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.testing import RecordingMode, reference_device
+from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten
 TOL = {torch.complex64: dict(rtol=1.3e-6, atol=1e-5), torch.complex128: dict(rtol=1e-7, atol=1e-7)}
@@ -66,16 +66,8 @@ def test_round_trip_and_empty_dims():
     _close(aten._fft_c2c(z, [], 1, True), _under_mode(aten._fft_c2c, z, [], 1, True))
 
 
-def test_on_the_reference_device():
-    try:
-        dev = reference_device()
-    except ed.errors.BackendError as e:  # no C++ library (EAGERDECOMP_NO_EXT=1): no device
-        pytest.skip(str(e))
-    ed.enable(dev)
-    try:
-        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
-        for fn in (torch.fft.fft2, torch.fft.fftn, lambda t: torch.fft.ifft2(torch.fft.rfft2(t))):
-            want, got = fn(x), fn(x.to(dev))
-            _close(want, got.cpu())
-    finally:
-        ed.disable(dev)
+def test_on_the_reference_device(switched_device):
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    for fn in (torch.fft.fft2, torch.fft.fftn, lambda t: torch.fft.ifft2(torch.fft.rfft2(t))):
+        want, got = fn(x), fn(x.to(switched_device))
+        _close(want, got.cpu())

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.testing import RecordingMode, reference_device
+from eagerdecomp.testing import RecordingMode
 
 N = 60_000
 
@@ -119,20 +119,12 @@ def test_seeded_and_fresh(fn, args):
     assert draw().stride() == fn(*args).stride()
 
 
-def test_on_the_reference_device():
-    try:
-        dev = reference_device()
-    except ed.errors.BackendError as e:  # no C++ library (EAGERDECOMP_NO_EXT=1): no device
-        pytest.skip(str(e))
-    ed.enable(dev)
-    try:
-        torch.manual_seed(4)
-        rate = torch.full((N,), 4.0)
-        _same_counts(torch.poisson(rate), torch.poisson(rate.to(dev)).cpu())
-        a = torch.full((N,), 2.5)
-        _same_continuous(torch._standard_gamma(a), torch._standard_gamma(a.to(dev)).cpu())
-    finally:
-        ed.disable(dev)
+def test_on_the_reference_device(switched_device):
+    torch.manual_seed(4)
+    rate = torch.full((N,), 4.0)
+    _same_counts(torch.poisson(rate), torch.poisson(rate.to(switched_device)).cpu())
+    a = torch.full((N,), 2.5)
+    _same_continuous(torch._standard_gamma(a), torch._standard_gamma(a.to(switched_device)).cpu())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)

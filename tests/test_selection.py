@@ -7,7 +7,7 @@ import torch
 
 import eagerdecomp as ed
 from eagerdecomp.selection import MODE_MAX_SIZE, _introselect_all_equal
-from eagerdecomp.testing import RecordingMode, reference_device
+from eagerdecomp.testing import RecordingMode
 
 
 def _same(want, got):
@@ -111,18 +111,10 @@ def test_errors_are_eagers(call):
     assert str(ours.value) == str(native.value)
 
 
-def test_on_the_reference_device():
+def test_on_the_reference_device(switched_device):
     g = torch.Generator().manual_seed(4)
     x = _rows(g, (8, 9), torch.float32, 0.2)
-    try:
-        dev = reference_device()
-    except ed.errors.BackendError as e:  # no C++ library (EAGERDECOMP_NO_EXT=1): no device
-        pytest.skip(str(e))
-    ed.enable(dev)
-    try:
-        y = x.to(dev)
-        for fn, args in ((torch.median, (1,)), (torch.nanmedian, (0,)), (torch.mode, (1,)), (torch.kthvalue, (3, 1))):
-            want, got = fn(x, *args), fn(y, *args)
-            _same(want, [t.cpu() for t in got])
-    finally:
-        ed.disable(dev)
+    y = x.to(switched_device)
+    for fn, args in ((torch.median, (1,)), (torch.nanmedian, (0,)), (torch.mode, (1,)), (torch.kthvalue, (3, 1))):
+        want, got = fn(x, *args), fn(y, *args)
+        _same(want, [t.cpu() for t in got])
