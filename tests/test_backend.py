@@ -255,32 +255,36 @@ def test_resize_and_item(enabled):
 
 def test_op_without_a_path_raises_unsupported(enabled):
     x = torch.randn(5, 5, device=DEV)
-    with pytest.raises(UnsupportedOpError, match=r"aten\.kthvalue\S* has no path to the target opset") as info:
-        torch.kthvalue(x, 2)
+    with pytest.raises(UnsupportedOpError, match=r"aten\._linalg_svd\S* has no path to the target opset") as info:
+        torch.linalg.svd(x)  # SVD is declined by design: its vectors' signs are LAPACK's to choose
     assert "fallthrough" not in str(info.value)  # a device has no native kernel to fall to
 
 
 def test_user_decomposition_fills_a_gap(disabled):
-    def kthvalue(x, k, dim=-1, keepdim=False):
-        values, indices = torch.topk(x, k, dim, largest=False)
-        values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
-        return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+    # eagerdecomp declines mode along more than 16 elements; a user who knows the values are
+    # distinct fills it (every value occurs once: the mode is the smallest, at its index)
+    calls = []
 
-    backend.enable(DEV, decompositions={"aten::kthvalue.default": kthvalue})
+    def mode(x, dim=-1, keepdim=False):
+        calls.append(x.shape)
+        return torch.min(x, dim, keepdim)
+
+    backend.enable(DEV, decompositions={"aten::mode.default": mode})
     try:
-        x = torch.randn(4, 6)
-        got = torch.kthvalue(x.to(DEV), 2, 1)
-        want = torch.kthvalue(x, 2, 1)
+        x = torch.randn(4, 20)
+        got = torch.mode(x.to(DEV), 1)
+        want = torch.mode(x, 1)
         assert_same(want.values, got.values)
         assert_same(want.indices, got.indices)
+        assert calls  # the user's decomposition answered
     finally:
         backend.disable(DEV)
 
 
 def test_taken_over_op_without_a_path_keeps_its_composite(disabled):
-    # a decomposition that leads nowhere (kthvalue has no path): transpose runs PyTorch's own
+    # a decomposition that leads nowhere (SVD has no path): transpose runs PyTorch's own
     # composite kernel instead, exactly as on the device without eagerdecomp
-    stuck = {"aten::transpose.int": lambda x, a, b: torch.kthvalue(x, 1, a)[0]}
+    stuck = {"aten::transpose.int": lambda x, a, b: torch.linalg.svd(x)[0]}
     b = backend.enable(DEV, decompositions=stuck)
     try:
         x = torch.randn(3, 4)
