@@ -15,17 +15,13 @@ same taps. The kernel has float and double (and a fixed-point uint8 path, declin
 from __future__ import annotations
 
 import math
-import struct
 
 import torch
 
+from .quantize import _f32  # a float rounded to float32, as a C++ float receives it
 from .registry import project_decomposition
 
 aten = torch.ops.aten
-
-
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _bilinear(x):

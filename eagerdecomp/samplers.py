@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .order import _item
 from .registry import project_decomposition
 
 aten = torch.ops.aten
@@ -28,10 +29,6 @@ f64 = torch.float64
 # binomial case, far more for the others), so this many rounds leave one waiting only with
 # probability below 1e-100: a stuck loop is a bug, reported instead of spinning forever.
 MAX_ROUNDS = 2000
-
-
-def _item(t):
-    return aten._local_scalar_dense.default(t)
 
 
 def _floats(self):

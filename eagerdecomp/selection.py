@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .order import _item
 from .registry import project_decomposition
 
 aten = torch.ops.aten
@@ -20,10 +21,6 @@ aten = torch.ops.aten
 # stable but for NaN, below); past 16 it partitions first, and which of several equal
 # values ends a run is no longer something core ops can reproduce.
 MODE_MAX_SIZE = 16
-
-
-def _item(t):
-    return aten._local_scalar_dense.default(t)
 
 
 def _last(self, dim):
