@@ -7,6 +7,8 @@
 //   * the mode's decompose route calls Table.call(func, args, kwargs) first (one C++ entry);
 //   * the device switch registers Fallback (a boxed kernel) on the device's dispatch key,
 //     which serves hits itself and hands misses to Python (GIL taken, errors propagated).
+// Under compile= a program may instead hold the key's compiled code (a Python callable): a
+// hit is still keyed and found here, then that callable runs with the GIL.
 //
 // The key here is this path's own: words built from the call (op, per tensor its sizes,
 // strides, offset, dtype, device, conj/neg bits and which earlier tensor it is, every
@@ -199,6 +201,26 @@ struct Counter {
   std::atomic<int64_t> hits{0};
 };
 
+// False while the interpreter is gone or going: a Python reference must then be leaked, not
+// released (taking the GIL there crashes)
+bool python_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  return Py_IsInitialized() && !finalizing;
+}
+
+// Drops a Python reference from any thread (a program may die on a hit served without the GIL).
+struct PyDecRef {
+  void operator()(PyObject* o) const {
+    if (!python_alive()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(o);
+  }
+};
+
 struct Program {
   std::vector<Step> steps;
   std::vector<int> outputs;
@@ -208,6 +230,11 @@ struct Program {
   bool lifted = false;               // some float of the key was lifted: the report says so
   std::shared_ptr<Counter> total;    // the table's hits, for cache_info()
   std::string name;                  // its profiler range, as eagerdecomp/observe.py names it
+  // compile= (eagerdecomp/compiled.py): the key's compiled code instead of the steps, a Python
+  // callable from the inputs list to the flat outputs, or MISS for a call it leaves to Python
+  std::shared_ptr<PyObject> call;
+
+  int kind() const { return (lifted ? 1 : 0) | (call ? 2 : 0); }  // what the report tells apart
 };
 
 c10::IValue wrapped(const c10::IValue& v) {
@@ -686,7 +713,7 @@ class Counts {
  public:
   // counted before the program runs, as Python records a replay: a hit whose check raises is a hit
   void bump(const Program& p) {
-    const std::pair<PyObject*, bool> k{p.op, p.lifted};
+    const std::pair<PyObject*, int> k{p.op, p.kind()};
     {
       std::shared_lock<std::shared_mutex> g(mu_);
       auto it = map_.find(k);
@@ -718,10 +745,10 @@ class Counts {
 
  private:
   struct PairHash {
-    size_t operator()(const std::pair<PyObject*, bool>& p) const { return std::hash<void*>()(p.first) ^ p.second; }
+    size_t operator()(const std::pair<PyObject*, int> p) const { return std::hash<void*>()(p.first) ^ p.second; }
   };
   std::shared_mutex mu_;
-  std::unordered_map<std::pair<PyObject*, bool>, std::shared_ptr<Counter>, PairHash> map_;
+  std::unordered_map<std::pair<PyObject*, int>, std::shared_ptr<Counter>, PairHash> map_;
 };
 
 namespace {
@@ -752,6 +779,25 @@ py::object to_python(const c10::IValue& v) {
 
 PyObject* g_miss = nullptr;  // eagerdecomp.program's MISS sentinel
 
+// A compiled program's call (the GIL held): false when its callable left this call to Python.
+bool run_python(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
+  py::list args(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) args[i] = to_python(inputs[i]);
+  py::object r = py::reinterpret_borrow<py::object>(p.call.get())(args);
+  if (r.ptr() == g_miss) return false;
+  p.total->hits.fetch_add(1, std::memory_order_relaxed);
+  for (py::handle o : r) {
+    if (o.is_none()) {
+      out.emplace_back();
+    } else if (THPVariable_Check(o.ptr())) {
+      out.emplace_back(THPVariable_Unpack(o.ptr()));
+    } else {
+      throw std::runtime_error("eagerdecomp: a compiled program returned a non-tensor output");
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 // ---- the mode's entry point ----------------------------------------------------------
@@ -765,9 +811,12 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   finish(c);
   auto p = table.find(c.key);
   if (!p) return py::reinterpret_borrow<py::object>(g_miss);
-  counts.bump(*p);
   std::vector<c10::IValue> out;
-  {
+  if (p->call) {  // counted once it answered: a MISS goes on to Python, which records the call
+    if (!run_python(*p, c.inputs, out)) return py::reinterpret_borrow<py::object>(g_miss);
+    counts.bump(*p);
+  } else {
+    counts.bump(*p);
     py::gil_scoped_release nogil;  // the ops may take long, or call back into Python
     out = run(*p, std::move(c.inputs));
   }
@@ -793,8 +842,10 @@ py::list words_after_op(const Key& k) {
 }
 
 std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSchema& schema, py::handle func,
-                                      py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted) {
+                                      py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted,
+                                      py::handle call) {
   auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
+  if (!call.is_none()) p->call = std::shared_ptr<PyObject>(call.inc_ref().ptr(), PyDecRef{});
   p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
   p->op = func.inc_ref().ptr();
   p->lifted = lifted;
@@ -811,13 +862,13 @@ const c10::FunctionSchema& schema_of(py::handle func) {
 // Installs a program for this call's key (the mode): Python has just replayed its kernel.
 // Returns the key's words after its op, or None when this path does not key the call.
 py::object mode_install(Table& table, py::handle func, py::handle args, py::handle kwargs, py::handle positions,
-                        py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
+                        py::list calls, py::list outputs, int n_slots, py::handle slot_type, py::handle call) {
   const auto& schema = schema_of(func);
   table.set_lift(func.ptr(), make_lift(schema, positions));
   Call c;
   if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return py::none();
   finish(c);
-  auto p = make_program(table, schema, func, calls, outputs, n_slots, slot_type, c.inputs.size() > c.ids.size());
+  auto p = make_program(table, schema, func, calls, outputs, n_slots, slot_type, c.inputs.size() > c.ids.size(), call);
   py::list words = words_after_op(c.key);
   table.insert(std::move(c.key), std::move(p));
   return std::move(words);
@@ -836,13 +887,13 @@ void install_words(Table& table, py::handle func, bool stack, const std::vector<
   k.w.push_back(reinterpret_cast<int64_t>(op));
   k.w.insert(k.w.end(), words.begin(), words.end());
   seal(k);
-  table.insert(std::move(k), make_program(table, schema, func, calls, outputs, n_slots, slot_type, lifted));
+  table.insert(std::move(k), make_program(table, schema, func, calls, outputs, n_slots, slot_type, lifted, py::none()));
 }
 
 // ---- the device switch ---------------------------------------------------------------
 
 // Python's side of a miss: handler(name, overload, args, kwargs) -> (out, program or None),
-// program = (func, positions, calls, outputs, n_slots, slot_type).
+// program = (func, positions, calls, outputs, n_slots, slot_type, lifted[, call]).
 class Fallback final : public c10::OperatorKernel {
  public:
   Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, py::object on_install)
@@ -856,13 +907,8 @@ class Fallback final : public c10::OperatorKernel {
  private:
   static void release(py::object& o) {
     // NOTE: at interpreter exit the registration may die after Python has finalized: the
-    // handler is then leaked, not released (taking the GIL there crashes)
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (!Py_IsInitialized() || finalizing) {
+    // handler is then leaked, not released
+    if (!python_alive()) {
       o.release();
       return;
     }
@@ -880,8 +926,15 @@ class Fallback final : public c10::OperatorKernel {
     if (keyed) {
       finish(c);
       if (auto p = table_->find(c.key)) {
-        counts_->bump(*p);
-        std::vector<c10::IValue> out = run(*p, std::move(c.inputs));
+        std::vector<c10::IValue> out;
+        if (p->call) {
+          py::gil_scoped_acquire gil;
+          if (!run_python(*p, c.inputs, out)) return miss(op, stack, n);
+          counts_->bump(*p);
+        } else {
+          counts_->bump(*p);
+          out = run(*p, std::move(c.inputs));
+        }
         torch::jit::drop(*stack, n);
         push_outputs(schema, *p, std::move(out), stack);
         return;
@@ -937,10 +990,11 @@ class Fallback final : public c10::OperatorKernel {
     if (!table_->key_stack(op, args.data(), args.size(), c)) return;
     finish(c);
     auto p = make_program(*table_, schema, prog[0], prog[2].cast<py::list>(), prog[3].cast<py::list>(),
-                          prog[4].cast<int>(), prog[5], c.inputs.size() > c.ids.size());
+                          prog[4].cast<int>(), prog[5], c.inputs.size() > c.ids.size(),
+                          prog.size() > 7 ? prog[7] : py::handle(Py_None));
     py::list words = words_after_op(c.key);
     table_->insert(std::move(c.key), std::move(p));
-    if (!on_install_.is_none()) on_install_(words, prog);  // (the GIL is held: we are in miss())
+    if (!on_install_.is_none() && (prog.size() <= 7 || prog[7].is_none())) on_install_(words, prog);  // (compiled: not saved)  // (the GIL is held: we are in miss())
   }
 
   static py::object argument_to_python(const c10::IValue& v, const c10::TypePtr& type) {

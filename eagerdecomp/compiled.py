@@ -67,6 +67,31 @@ class Declined:
     """Why a kernel (or a key) is not compiled: data, remembered, never retried."""
 
     reason: str
+    # holds for every value of the kernel's non-tensor inputs (a plan or a size rule), not
+    # only for this call's (a compiler that failed on them)
+    general: bool = True
+
+
+# Compiler.program_call's answer while a key's verdict is pending: install no program yet
+PENDING = type("Pending", (), {"__repr__": lambda self: "PENDING", "__slots__": ()})()
+
+
+class ByValue:
+    """The C++ table's callable for one exact key whose kernel takes non-tensor inputs
+    (lifted floats, a shape-generic kernel's ints): the C++ key has the floats' class only,
+    and a compiler may bake their values in, so compiled code is looked up by value here.
+    A value with none goes back to Python (``native.MISS``), which counts and compiles it."""
+
+    __slots__ = ("n", "ints", "fns", "miss")
+
+    def __init__(self, n: int, ints: list, miss):
+        self.n, self.ints, self.fns, self.miss = n, ints, {}, miss
+
+    def __call__(self, inputs: list):
+        if self.ints:
+            inputs += self.ints  # C++ passes tensors and lifted floats; the key fixes the ints
+        fn = self.fns.get(tuple(inputs[self.n:]))
+        return self.miss if fn is None else fn(inputs)
 
 
 class Compiled:
@@ -337,15 +362,44 @@ class Compiler:
         self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
         self._kernels: dict = {}  # id(kernel) -> (kernel, plan or Declined, fused-writes plan or None)
         self._busy: set = set()  # keys being compiled: other threads replay meanwhile
+        self._by_value: dict = {}  # exact key -> its ByValue, for kernels with non-tensor inputs
+        self.native_table = None  # the C++ table of the runtimes with this compiler (eagerdecomp.native)
         self._lock = threading.Lock()
         self._warned: set = set()
 
-    def lookup(self, key, kernel, inputs, stats):
-        """The compiled callable for this call, compiling it when the policy says so; or None (replay)."""
+    @staticmethod
+    def _key(key, kernel, inputs):
         if kernel.ints or any(not isinstance(t, torch.Tensor) for t in inputs):
             # NOTE: lifted floats and int arguments are kernel inputs the key leaves out; a
             # compiler given them as example values may bake them in. Key those by value.
-            key = (key, tuple(t for t in inputs if not isinstance(t, torch.Tensor)))
+            return (key, tuple(t for t in inputs if not isinstance(t, torch.Tensor)))
+        return key
+
+    def program_call(self, key, kernel, inputs, n_tensors: int, n_lifted: int):
+        """What the C++ table's program for this exact key runs, once the key's verdict is in:
+        ``PENDING`` (no program yet: calls must reach :meth:`lookup`, which counts them),
+        None (replay's own steps: the key is not compiled, whatever its values), or a callable
+        (compiled code; :class:`ByValue` where the kernel has non-tensor inputs)."""
+        vkey = self._key(key, kernel, inputs)
+        verdict = self._table.get(vkey)
+        if verdict is None:
+            return PENDING
+        if type(verdict) is Declined:
+            return None if verdict.general else PENDING
+        if vkey is key:
+            return verdict.flat
+        from .native import MISS
+
+        with self._lock:
+            entry = self._by_value.get(key)
+            if entry is None:
+                entry = self._by_value[key] = ByValue(n_tensors, list(inputs[n_tensors + n_lifted:]), MISS)
+            entry.fns[vkey[1]] = verdict.flat
+        return entry
+
+    def lookup(self, key, kernel, inputs, stats):
+        """The compiled callable for this call, compiling it when the policy says so; or None (replay)."""
+        key = self._key(key, kernel, inputs)
         entry = self._table.get(key)
         if entry is not None:
             return entry if type(entry) is Compiled else None
@@ -420,13 +474,16 @@ class Compiler:
             self._warned.add(kernel.op)
             warnings.warn(f"eagerdecomp: {kernel.op} stays on replay: {reason}", RuntimeWarning, stacklevel=5)
         stats.not_compiled(kernel.op, reason)
-        return Declined(reason)
+        return Declined(reason, general=False)
 
     def clear(self) -> None:
         with self._lock:
             self._table.clear()
             self._hits.clear()
             self._kernels.clear()
+            self._by_value.clear()
+        if self.native_table is not None:
+            self.native_table.clear()
 
 
 _COMPILERS: dict = {}  # (id(kernel cache), compiler name, fn) -> Compiler

@@ -62,18 +62,20 @@ def table_for(runtime) -> tuple:
 
     NOTE: the table is its cache's (shared by every runtime over it, so a mode made per
     step starts with the programs earlier ones installed); the counts are the runtime's own.
+    Under ``compile=`` the table is the compiler's: its programs may run compiled code, which
+    a runtime without it must not.
     """
     if not enabled():
         return None, None
     lib = _ext.load()
-    cache = runtime.cache
+    owner = runtime.cache if runtime.compiler is None else runtime.compiler
     with _lock:
         if not _init:
             lib.hit._init(MISS, PARTIAL)
             _init.append(True)
-        table = getattr(cache, "native_table", None)
+        table = getattr(owner, "native_table", None)
         if table is None:
-            table = cache.native_table = lib.hit.Table(MAXSIZE)
+            table = owner.native_table = lib.hit.Table(MAXSIZE)
         _tables.add(runtime)
     runtime._no_program = {}
     return table, lib.hit.Counts()
@@ -117,9 +119,11 @@ def _changed(key, tensors) -> bool:
         (m[0], m[1], m[2]) != (t.shape, t.stride(), t.storage_offset()) for m, t in zip(metas, tensors))
 
 
-def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> None:
+def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None) -> None:
     """``kernel`` just answered this call correctly: install its program for the call's key
-    (the mode), or leave it for the device switch's C++ fallback to install."""
+    (the mode), or leave it for the device switch's C++ fallback to install. ``call``
+    (compile=): the key's compiled code, which the program runs instead of its steps; such
+    programs are not written to disk (the next process compiles, from Inductor's cache)."""
     if key in runtime._no_program:
         return
     try:
@@ -129,13 +133,13 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int) -> N
             raise NoProgram("the call changes an argument's sizes or strides")
         ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
         calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
-        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0)
+        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0, call)
         if runtime.serves_device:
             runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
             return
-        words = runtime.native.install(func, args, kwargs, *program[1:6])
+        words = runtime.native.install(func, args, kwargs, *program[1:6], call)
         if words is not None:
-            store = runtime._store()
+            store = runtime._store() if call is None else None
             if store is not None:
                 _save(store, False, words, program)
             return
@@ -162,7 +166,7 @@ def _library() -> str:
 
 
 def _save(store, stack: bool, words, program) -> None:
-    func, positions, calls, outputs, n_slots, _, lifted = program
+    func, positions, calls, outputs, n_slots, _, lifted = program[:7]
     store.save_program(_library(), (stack, str(func), list(words), lifted, positions, calls, outputs, n_slots))
 
 
@@ -181,8 +185,8 @@ def preload(runtime) -> int:
     """Install the programs earlier processes wrote for this runtime's cache (once per cache,
     before its first Python miss); returns how many. Off with the disk cache."""
     cache, store, table = runtime.cache, runtime._store(), runtime.native
-    if store is None or table is None:
-        return 0
+    if store is None or table is None or runtime.compiler is not None:
+        return 0  # (under compile=, keys go through Python until the compiler has decided)
     with _lock:
         if getattr(cache, "programs_read", False):
             return 0

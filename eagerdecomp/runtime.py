@@ -22,7 +22,7 @@ from .opset import OpSet, resolve_op
 from .replay import Kernel
 from .registry import version as table_version
 from .stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
-from .compiled import compiler_for
+from .compiled import PENDING, compiler_for
 from .disk import enabled as disk_enabled
 from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
@@ -77,9 +77,9 @@ class Runtime:
         self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
         self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
         self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
-        # the C++ hit path (eagerdecomp.native): None on the pure-Python path, and under
-        # compile= (a compiled kernel, not a program, answers hot keys there)
-        self.native, self.native_counts = native.table_for(self) if compiler is None else (None, None)
+        # the C++ hit path (eagerdecomp.native): None on the pure-Python path; under compile=
+        # the compiler's own table, whose programs may run compiled code
+        self.native, self.native_counts = native.table_for(self)
         self.stats.native = self.native_counts
         self.stats.kernels_of = cache.kernels_of  # what a kernel served only in C++ runs, for the report
         self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
@@ -127,7 +127,7 @@ class Runtime:
     def _decompose(self, func, args, kwargs):
         """The Python path: key, look up (trace on a miss), replay; then install the program."""
         table = self.native
-        if table is not None and not self.cache.programs_read and self._store() is not None:
+        if table is not None and self.compiler is None and not self.cache.programs_read and self._store() is not None:
             # the first miss over this cache: install the programs earlier processes wrote
             if native.preload(self) and not self.serves_device:
                 out = table.call(self.native_counts, func, args, kwargs)
@@ -163,12 +163,15 @@ class Runtime:
                     compiled = self.compiler.lookup(key, entry, inputs, stats)
                     if compiled is not None:
                         stats.record(func, Route.REPLAY, COMPILED, cache)
-                        return ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
+                        out = ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
+                        if table is not None:
+                            self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
+                        return out
                 route = Route.TRACE if cache == "miss" else Route.REPLAY
                 stats.record(func, route, LIFTED if lifted else None, cache)
             out = ranged("replay", func, entry, inputs) if profiling() else entry(inputs)
             if table is not None:  # from now on this key is served in C++
-                native.offer(self, func, args, kwargs, key, entry, tensors, len(lifted))
+                self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
             return out
         if type(entry) is ByValue:
             # its floats change the graph: key them by value from now on, in this runtime
@@ -187,6 +190,16 @@ class Runtime:
                 raise
         return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
 
+    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
+        """Install this key's C++ program; under compile=, once the compiler's verdict is in
+        (until then its calls must come back here to be counted), with its compiled code."""
+        call = None
+        if self.compiler is not None:
+            call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
+            if call is PENDING:
+                return
+        native.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
+
     def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
         against eager's meta kernel (already matched symbolically: this catches what symbolic
@@ -201,7 +214,7 @@ class Runtime:
             if store is not None:  # checked here, so a later process loads it by key, unchecked
                 store.save_kernel(key, kernel)
             if self.native is not None:
-                native.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted)
+                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.

@@ -112,8 +112,8 @@ class Stats:
             if n:
                 total[op, Route.PASSTHROUGH, None, None] += n
         if self.native is not None:  # hits served in C++, counted there (exact: atomics)
-            for op, lifted, n in self.native.counts():
-                total[op, Route.REPLAY, NATIVE_LIFTED if lifted else NATIVE, "hit"] += n
+            for op, kind, n in self.native.counts():  # kind: 1 floats lifted, 2 compiled (csrc/hit.cpp)
+                total[op, Route.REPLAY, COMPILED if kind & 2 else NATIVE_LIFTED if kind & 1 else NATIVE, "hit"] += n
         return total
 
     def ops(self, route: Route) -> set:

@@ -12,6 +12,7 @@ import torch
 
 import eagerdecomp as ed
 import eagerdecomp.compiled as compiled
+from eagerdecomp import native
 from eagerdecomp.errors import BackendError, UnsupportedArgumentError
 from eagerdecomp.testing import RecordingMode
 
@@ -134,6 +135,88 @@ def test_lifted_floats_are_compiled_per_value():
     assert len(c.graphs) == 2
 
 
+class Spy(Counting):
+    """Counting, whose compiled code also counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = 0
+
+    def __call__(self, gm, example_inputs):
+        fn = super().__call__(gm, example_inputs)
+
+        def run(*a):
+            self.runs += 1
+            return fn(*a)
+
+        return run
+
+
+def _python_lookups(mode, monkeypatch) -> list:
+    """Calls that reached the compiler's Python lookup (the Python path), recorded."""
+    seen, lookup = [], mode.runtime.compiler.lookup
+    monkeypatch.setattr(mode.runtime.compiler, "lookup", lambda key, *a: seen.append(key) or lookup(key, *a))
+    return seen
+
+
+def _reference_device():
+    """edref, or a skip where the C++ library is not built (EAGERDECOMP_NO_EXT=1)."""
+    from eagerdecomp.refdev import reference_device
+
+    try:
+        return reference_device()
+    except BackendError as e:
+        pytest.skip(str(e))
+
+
+needs_cpp = pytest.mark.skipif(not native.enabled(), reason="the C++ hit path is not built")
+
+
+@needs_cpp
+def test_compiled_and_declined_keys_are_served_by_the_cpp_table(monkeypatch):
+    c = Spy()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 2)  # compiled on the last (which replays)
+    _calls(mode, lambda: x.t(), compiled.AFTER + 2)  # declined: a view
+    seen = _python_lookups(mode, monkeypatch)
+    runs = c.runs
+    got = _calls(mode, lambda: torch.logaddexp(x, y), 5)
+    assert _calls(mode, lambda: x.t(), 5)._base is x
+    assert seen == [] and c.runs == runs + 5  # keyed, found and run from C++, no Python lookup
+    torch.testing.assert_close(got, torch.logaddexp(x, y))
+    row = mode.report().row(aten.logaddexp.default)
+    assert row.compiled == 5 and row.native == 0  # compiled hits are reported as compiled
+    assert mode.report().row(aten.t.default).native == 5
+
+
+@needs_cpp
+def test_compiled_code_is_found_by_value_behind_a_lifted_float(monkeypatch):
+    c = Spy()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    for w in (0.3, 0.7):
+        _calls(mode, lambda: torch.lerp(x, y, w), compiled.AFTER + 2)
+    seen = _python_lookups(mode, monkeypatch)
+    runs = c.runs
+    for w in (0.3, 0.7):
+        torch.testing.assert_close(_calls(mode, lambda: torch.lerp(x, y, w), 3), torch.lerp(x, y, w))
+    assert seen == [] and c.runs == runs + 6 and len(c.graphs) == 2
+    # a weight never compiled (the C++ key has the float's class only): back to Python, replayed
+    torch.testing.assert_close(_calls(mode, lambda: torch.lerp(x, y, 0.4), 1), torch.lerp(x, y, 0.4))
+    assert len(seen) == 1 and c.runs == runs + 6
+
+
+def test_a_mode_without_compile_never_runs_compiled_code():
+    c = Spy()
+    x, y = torch.randn(64), torch.randn(64)
+    _calls(ed.EagerDecompMode("core_aten", compile=c), lambda: torch.logaddexp(x, y), compiled.AFTER + 3)
+    runs = c.runs
+    plain = ed.EagerDecompMode("core_aten")  # the same kernel cache: its hits replay
+    _calls(plain, lambda: torch.logaddexp(x, y), 3)
+    assert c.runs == runs > 0 and plain.report().row(aten.logaddexp.default).compiled == 0
+
+
 def test_a_failing_compiler_warns_once_per_op_and_replay_answers():
     c = Counting(fail=True)
     x, y = torch.randn(64), torch.randn(64)
@@ -172,17 +255,13 @@ def test_cache_clear_forgets_compiled_kernels():
 def test_bad_compile_arguments_are_refused():
     with pytest.raises(UnsupportedArgumentError, match="compile must be None, 'inductor' or a callable"):
         ed.EagerDecompMode("core_aten", compile="tvm")
-    from eagerdecomp.refdev import reference_device
-
-    reference_device()
+    _reference_device()
     with pytest.raises(BackendError, match="Inductor generates no code for this device"):
         ed.enable("edref", compile="inductor")
 
 
 def test_device_switch_compiles_with_the_device_teams_compiler():
-    from eagerdecomp.refdev import reference_device
-
-    reference_device()
+    _reference_device()
     c = Counting()
     backend = ed.enable("edref", compile=c)
     try:
