@@ -78,6 +78,9 @@ def cases(n):
         ("transpose (view)", aten.transpose.int, (torch.randn(rows, 64, device=DEVICE), 0, 1), {}),
         ("lerp", aten.lerp.Scalar, (x, y, 0.3), {}),
         ("add_ (in-place)", aten.add_.Tensor, (x.clone(), y), {}),
+        ("addcmul_ (in-place)", aten.addcmul_.default, (x.clone(), y, z), {"value": 0.5}),
+        ("lerp_ (in-place)", aten.lerp_.Scalar, (x.clone(), y, 0.3), {}),
+        ("hardswish_ (in-place)", aten.hardswish_.default, (x.clone(),), {}),
     ]
 
 

@@ -403,3 +403,37 @@ def test_compiled_code_calling_ops_outside_the_opset_stays_on_replay():
     assert row.compiled == 0 and any("outside the opset" in r for r in row.not_compiled), row
     rec.assert_only("core_aten")
     torch.testing.assert_close(out, a.clone().addmm_(b, c))
+
+
+def test_inductor_with_a_repeated_input_matches_eager():
+    x = torch.randn(1 << 14)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for _ in range(compiled.AFTER + 4):  # the last two answered compiled
+            got = torch.logaddexp(x, x)
+    assert mode.report().row(aten.logaddexp.default).compiled == 2
+    torch.testing.assert_close(got, torch.logaddexp(x, x))
+
+
+def test_inductor_code_is_called_directly_only_with_our_graphs_signature():
+    def graph(fn):
+        return torch.fx.symbolic_trace(fn)
+
+    ours = graph(lambda a, b: [a + b])
+    seen = []
+
+    def code(args):  # Inductor's convention: one list of inputs
+        seen.append(args)
+        return [args[0] + args[1]]
+
+    def wrapped(*args):
+        return "AOTAutograd's callable"
+
+    direct = compiled._direct(wrapped, [(graph(lambda a, b: [a * b]), code)], ours)
+    x, y = torch.ones(2), torch.ones(2)
+    assert torch.equal(direct(x, y)[0], x + y) and seen == [[x, y]]
+    # AOTAutograd changed the signature (a deduped input, an extra output), or compiled twice
+    assert compiled._direct(wrapped, [(graph(lambda a: [a]), code)], ours) is wrapped
+    assert compiled._direct(wrapped, [(graph(lambda a, b: [a, b]), code)], ours) is wrapped
+    assert compiled._direct(wrapped, [(ours, code), (ours, code)], ours) is wrapped
+    assert compiled._direct(wrapped, [], ours) is wrapped
