@@ -60,6 +60,9 @@ MIN_OPS = 3
 MIN_NUMEL = 1 << 14
 # Compiled keys per compiler: past this, new keys stay on replay (memory, not correctness).
 MAX_COMPILED = 4096
+# Values of one key's float (or int) inputs seen once each, none compiled, before the key counts
+# as taking new values on most calls (an optimizer's per-step factors): its calls replay in C++.
+VARYING = 8
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,7 @@ class Compiler:
         self.fuse_writes = fn is _inductor
         self._table: dict = {}  # key -> Compiled | Declined; read without a lock
         self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
+        self._values: dict = {}  # exact key -> distinct values of its non-tensor inputs seen (same)
         self._kernels: dict = {}  # id(kernel) -> (kernel, plan or Declined, fused-writes plan or None)
         self._busy: set = set()  # keys being compiled: other threads replay meanwhile
         self._by_value: dict = {}  # exact key -> its ByValue, for kernels with non-tensor inputs
@@ -419,6 +423,8 @@ class Compiler:
         (compiled code; :class:`ByValue` where the kernel has non-tensor inputs)."""
         vkey = self._key(key, kernel, inputs)
         verdict = self._table.get(vkey)
+        if verdict is None and vkey is not key:
+            verdict = self._table.get(key)  # (a verdict for every value of the key)
         if verdict is None:
             return PENDING
         if type(verdict) is Declined:
@@ -436,14 +442,27 @@ class Compiler:
 
     def lookup(self, key, kernel, inputs, stats):
         """The compiled callable for this call, compiling it when the policy says so; or None (replay)."""
-        key = self._key(key, kernel, inputs)
+        exact, key = key, self._key(key, kernel, inputs)
         entry = self._table.get(key)
         if entry is not None:
             return entry if type(entry) is Compiled else None
+        if key is not exact and type(self._table.get(exact)) is Declined:
+            return None
         n = self._hits.get(key, 0) + 1
         if n == 1 and len(self._hits) >= 16 * MAX_COMPILED:
             self._hits.clear()  # shapes that change every call: counters of keys that never repeat
+            self._values.clear()
         self._hits[key] = n
+        if n == 1 and key is not exact:
+            seen = self._values[exact] = self._values.get(exact, 0) + 1
+            if seen > VARYING and exact not in self._by_value:
+                # NOTE: compiled code is per value (a compiler may bake floats in); values that
+                # never repeat never reach AFTER, so the key replays, and from C++ (program_call)
+                reason = f"its float or int arguments took {VARYING} values once each"
+                stats.not_compiled(kernel.op, reason)
+                if len(self._table) < MAX_COMPILED:
+                    self._table[exact] = Declined(reason)
+                return None
         if n <= AFTER:
             return None
         with self._lock:
@@ -517,6 +536,7 @@ class Compiler:
         with self._lock:
             self._table.clear()
             self._hits.clear()
+            self._values.clear()
             self._kernels.clear()
             self._by_value.clear()
         if self.native_table is not None:

@@ -207,6 +207,24 @@ def test_compiled_code_is_found_by_value_behind_a_lifted_float(monkeypatch):
     assert len(seen) == 1 and c.runs == runs + 6
 
 
+@needs_cpp
+def test_floats_that_change_every_call_replay_from_cpp(monkeypatch):
+    # an optimizer's per-step factors: compiled code is per value, and these never repeat
+    c = Spy()
+    x, y = torch.randn(64), torch.randn(64)
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    with mode:
+        for i in range(compiled.VARYING + 2):
+            torch.lerp(x, y, 0.1 + 0.01 * i)
+    seen = _python_lookups(mode, monkeypatch)
+    with mode:
+        got = torch.lerp(x, y, 0.42)
+    assert seen == [] and c.graphs == []  # replayed from C++: no Python, nothing compiled
+    torch.testing.assert_close(got, torch.lerp(x, y, 0.42))
+    row = mode.report().row(aten.lerp.Scalar)
+    assert row.native == 1 and any(f"took {compiled.VARYING} values once each" in r for r in row.not_compiled)
+
+
 def test_a_mode_without_compile_never_runs_compiled_code():
     c = Spy()
     x, y = torch.randn(64), torch.randn(64)
