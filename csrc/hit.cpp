@@ -233,6 +233,13 @@ struct Program {
   // compile= (eagerdecomp/compiled.py): the key's compiled code instead of the steps, a Python
   // callable from the inputs list to the flat outputs, or MISS for a call it leaves to Python
   std::shared_ptr<PyObject> call;
+  // the call is the compiled code itself, and what eagerdecomp/compiled.py's Compiled.flat does
+  // around it runs here: the inputs it writes in place (each with how far replay advances its
+  // version), and per output of the op an input (index >= 0) or a result of the code (-1 - i)
+  bool direct = false;
+  std::vector<int> fused;
+  std::vector<int64_t> versions;
+  std::vector<int> outs;
 
   int kind() const { return (lifted ? 1 : 0) | (call ? 2 : 0); }  // what the report tells apart
 };
@@ -779,22 +786,60 @@ py::object to_python(const c10::IValue& v) {
 
 PyObject* g_miss = nullptr;  // eagerdecomp.program's MISS sentinel
 
+c10::IValue from_python(py::handle o) {
+  if (o.is_none()) return {};
+  if (THPVariable_Check(o.ptr())) return THPVariable_Unpack(o.ptr());
+  throw std::runtime_error("eagerdecomp: compiled code returned a non-tensor output");
+}
+
+bool shares_storage(const std::vector<c10::IValue>& inputs, int i) {
+  const at::Tensor& w = inputs[i].toTensor();
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (static_cast<int>(j) == i || !inputs[j].isTensor()) continue;
+    const at::Tensor& t = inputs[j].toTensor();
+    if (t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl()) return true;
+  }
+  return false;
+}
+
+// A direct program (the GIL held): Compiled.flat's fast case, in C++.
+bool run_direct(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
+  std::vector<int64_t> want;
+  for (size_t k = 0; k < p.fused.size(); ++k) {
+    const at::Tensor& w = inputs[p.fused[k]].toTensor();
+    if (!w.has_storage() || !w.unsafeGetTensorImpl()->version_counter().enabled()) return false;  // Python decides
+    if (shares_storage(inputs, p.fused[k])) {
+      // NOTE: the code was compiled for a written input that shares memory with no other:
+      // this call replays (the steps, eager's overlap checks included), as Compiled.flat does
+      py::gil_scoped_release nogil;
+      out = run(p, std::vector<c10::IValue>(inputs));
+      return true;
+    }
+    want.push_back(w.unsafeGetTensorImpl()->version_counter().current_version() + p.versions[k]);
+  }
+  py::list args(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) args[i] = to_python(inputs[i]);
+  py::object r = py::reinterpret_borrow<py::object>(p.call.get())(args);  // Inductor's call: one list
+  // NOTE: the code advances a written input's version as it sees fit; eager's count is replay's
+  for (size_t k = 0; k < p.fused.size(); ++k) {
+    auto& vc = const_cast<c10::VariableVersion&>(inputs[p.fused[k]].toTensor().unsafeGetTensorImpl()->version_counter());
+    vc.set_version(want[k]);
+  }
+  py::sequence results = py::reinterpret_borrow<py::sequence>(r);
+  for (int o : p.outs) out.push_back(o >= 0 ? inputs[o] : from_python(results[-1 - o]));
+  p.total->hits.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // A compiled program's call (the GIL held): false when its callable left this call to Python.
 bool run_python(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
+  if (p.direct) return run_direct(p, inputs, out);
   py::list args(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) args[i] = to_python(inputs[i]);
   py::object r = py::reinterpret_borrow<py::object>(p.call.get())(args);
   if (r.ptr() == g_miss) return false;
   p.total->hits.fetch_add(1, std::memory_order_relaxed);
-  for (py::handle o : r) {
-    if (o.is_none()) {
-      out.emplace_back();
-    } else if (THPVariable_Check(o.ptr())) {
-      out.emplace_back(THPVariable_Unpack(o.ptr()));
-    } else {
-      throw std::runtime_error("eagerdecomp: a compiled program returned a non-tensor output");
-    }
-  }
+  for (py::handle o : r) out.push_back(from_python(o));
   return true;
 }
 
@@ -845,7 +890,16 @@ std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSch
                                       py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted,
                                       py::handle call) {
   auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
-  if (!call.is_none()) p->call = std::shared_ptr<PyObject>(call.inc_ref().ptr(), PyDecRef{});
+  py::handle fn = call;
+  if (PyTuple_Check(call.ptr())) {  // (code, fused, versions, outs): a direct program
+    auto d = py::reinterpret_borrow<py::tuple>(call);
+    p->direct = true;
+    p->fused = d[1].cast<std::vector<int>>();
+    p->versions = d[2].cast<std::vector<int64_t>>();
+    p->outs = d[3].cast<std::vector<int>>();
+    fn = PyTuple_GET_ITEM(call.ptr(), 0);
+  }
+  if (!fn.is_none()) p->call = std::shared_ptr<PyObject>(fn.inc_ref().ptr(), PyDecRef{});
   p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
   p->op = func.inc_ref().ptr();
   p->lifted = lifted;

@@ -126,6 +126,16 @@ class Compiled:
             torch._C._autograd._unsafe_set_version_counter(written, want)
         return [inputs[j] if is_input else results[j] for is_input, j in p.outs]
 
+    def direct(self):
+        """What a C++ program runs instead of :meth:`flat` (``csrc/hit.cpp``): ``(code, written
+        inputs, how far replay advances each one's version, outs)`` with ``outs`` an input index
+        or ``-1 - i`` for the code's ``i``-th result; or None where :meth:`flat` must run (Python
+        checks, copies into inputs, a compiler's own callable)."""
+        p, code = self.plan, getattr(self.fn, "code", None)
+        if code is None or p.writes or (p.checks and not p.unshared_ok) or (p.fused and self.versions is None):
+            return None
+        return code, list(p.fused), list(self.versions or ()), [j if is_input else -1 - j for is_input, j in p.outs]
+
     def __call__(self, inputs):
         flat = self.flat(inputs)
         k = self.kernel
@@ -347,6 +357,7 @@ def _direct(wrapped, inner: list, gm):
     def run(*args):
         return code(list(args))  # Inductor's calling convention: one list, which it empties
 
+    run.code = code  # (a C++ program calls it with the list itself: Compiled.direct)
     return run
 
 
@@ -430,7 +441,7 @@ class Compiler:
         if type(verdict) is Declined:
             return None if verdict.general else PENDING
         if vkey is key:
-            return verdict.flat
+            return verdict.direct() or verdict.flat
         from .native import MISS
 
         with self._lock:

@@ -372,6 +372,48 @@ def test_inductor_writes_in_place_in_the_fused_kernel_as_eager_would():
     torch.testing.assert_close(base, want, rtol=0, atol=0)
 
 
+@needs_cpp
+def test_a_direct_program_keeps_identity_versions_and_replays_on_shared_memory(monkeypatch):
+    # Inductor's code called from C++ (Compiled.direct): what Compiled.flat does runs there
+    runs, direct = [], compiled._direct
+
+    def counted(wrapped, inner, gm):  # Inductor's code, counting its calls
+        inner[:] = [(g, lambda args, code=code: runs.append(1) or code(args)) for g, code in inner]
+        return direct(wrapped, inner, gm)
+
+    monkeypatch.setattr(compiled, "_direct", counted)
+    n = compiled.MIN_NUMEL
+    y = torch.randn(n)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for _ in range(compiled.AFTER + 2):
+            torch.randn(n).add_(y)
+    (entry,) = _fused_entries()
+    assert entry.direct() is not None
+    runs.clear()
+    flats = []
+    monkeypatch.setattr(compiled.Compiled, "flat", lambda self, inputs: flats.append(inputs))
+    x = torch.randn(n)
+    want, version = x + y, x._version
+    with mode:
+        out = x.add_(y)
+    assert out is x and x._version == version + 1
+    torch.testing.assert_close(x, want)
+    a = torch.randn(n)
+    want = a + a
+    with mode:
+        a.add_(a.view(n))  # the same key, self sharing memory with the other input: the steps run
+    torch.testing.assert_close(a, want, rtol=0, atol=0)
+    assert len(runs) == 1
+    w = torch.randn(n, requires_grad=True)
+    loss = (w * x).sum()  # x is saved for backward: the write must show in its version
+    with mode:
+        x.add_(y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    assert flats == [] and len(runs) == 2 and mode.report().row(aten.add_.Tensor).compiled == 3
+
+
 def test_a_fused_write_still_trips_autograds_in_place_check():
     n = compiled.MIN_NUMEL
     y = torch.randn(n)
