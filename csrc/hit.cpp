@@ -221,6 +221,17 @@ struct PyDecRef {
   }
 };
 
+// Compiled code called directly, with what eagerdecomp/compiled.py's Compiled.flat does around
+// it done here: the inputs it writes in place (each with how far replay advances its version),
+// and per output of the op an input (index >= 0) or a result of the code (-1 - i).
+struct Direct {
+  std::shared_ptr<PyObject> code;  // Inductor's call: one list of inputs
+  std::vector<int> fused;
+  std::vector<int64_t> versions;
+  std::vector<int> outs;
+  std::vector<double> values;  // the lifted floats it was compiled for (by value)
+};
+
 struct Program {
   std::vector<Step> steps;
   std::vector<int> outputs;
@@ -233,15 +244,12 @@ struct Program {
   // compile= (eagerdecomp/compiled.py): the key's compiled code instead of the steps, a Python
   // callable from the inputs list to the flat outputs, or MISS for a call it leaves to Python
   std::shared_ptr<PyObject> call;
-  // the call is the compiled code itself, and what eagerdecomp/compiled.py's Compiled.flat does
-  // around it runs here: the inputs it writes in place (each with how far replay advances its
-  // version), and per output of the op an input (index >= 0) or a result of the code (-1 - i)
-  bool direct = false;
-  std::vector<int> fused;
-  std::vector<int64_t> versions;
-  std::vector<int> outs;
+  // or the compiled code itself, called directly: one, or per value of the lifted floats
+  // (which start at input `values_from`) one for each value compiled, others going to Python
+  std::vector<Direct> direct;
+  int values_from = -1;
 
-  int kind() const { return (lifted ? 1 : 0) | (call ? 2 : 0); }  // what the report tells apart
+  int kind() const { return (lifted ? 1 : 0) | (call || !direct.empty() ? 2 : 0); }  // what the report tells apart
 };
 
 c10::IValue wrapped(const c10::IValue& v) {
@@ -803,37 +811,53 @@ bool shares_storage(const std::vector<c10::IValue>& inputs, int i) {
 }
 
 // A direct program (the GIL held): Compiled.flat's fast case, in C++.
+const Direct* direct_for(const Program& p, const std::vector<c10::IValue>& inputs) {
+  if (p.values_from < 0) return &p.direct[0];
+  const size_t n = inputs.size() - p.values_from;
+  for (const Direct& d : p.direct) {
+    bool same = d.values.size() == n;
+    for (size_t k = 0; same && k < n; ++k) {
+      const c10::IValue& v = inputs[p.values_from + k];
+      same = v.isDouble() && v.toDouble() == d.values[k];
+    }
+    if (same) return &d;
+  }
+  return nullptr;
+}
+
 bool run_direct(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
+  const Direct* d = direct_for(p, inputs);
+  if (!d) return false;  // a value not compiled: Python counts it (and may compile it)
   std::vector<int64_t> want;
-  for (size_t k = 0; k < p.fused.size(); ++k) {
-    const at::Tensor& w = inputs[p.fused[k]].toTensor();
+  for (size_t k = 0; k < d->fused.size(); ++k) {
+    const at::Tensor& w = inputs[d->fused[k]].toTensor();
     if (!w.has_storage() || !w.unsafeGetTensorImpl()->version_counter().enabled()) return false;  // Python decides
-    if (shares_storage(inputs, p.fused[k])) {
+    if (shares_storage(inputs, d->fused[k])) {
       // NOTE: the code was compiled for a written input that shares memory with no other:
       // this call replays (the steps, eager's overlap checks included), as Compiled.flat does
       py::gil_scoped_release nogil;
       out = run(p, std::vector<c10::IValue>(inputs));
       return true;
     }
-    want.push_back(w.unsafeGetTensorImpl()->version_counter().current_version() + p.versions[k]);
+    want.push_back(w.unsafeGetTensorImpl()->version_counter().current_version() + d->versions[k]);
   }
   py::list args(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) args[i] = to_python(inputs[i]);
-  py::object r = py::reinterpret_borrow<py::object>(p.call.get())(args);  // Inductor's call: one list
+  py::object r = py::reinterpret_borrow<py::object>(d->code.get())(args);
   // NOTE: the code advances a written input's version as it sees fit; eager's count is replay's
-  for (size_t k = 0; k < p.fused.size(); ++k) {
-    auto& vc = const_cast<c10::VariableVersion&>(inputs[p.fused[k]].toTensor().unsafeGetTensorImpl()->version_counter());
+  for (size_t k = 0; k < d->fused.size(); ++k) {
+    auto& vc = const_cast<c10::VariableVersion&>(inputs[d->fused[k]].toTensor().unsafeGetTensorImpl()->version_counter());
     vc.set_version(want[k]);
   }
   py::sequence results = py::reinterpret_borrow<py::sequence>(r);
-  for (int o : p.outs) out.push_back(o >= 0 ? inputs[o] : from_python(results[-1 - o]));
+  for (int o : d->outs) out.push_back(o >= 0 ? inputs[o] : from_python(results[-1 - o]));
   p.total->hits.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 // A compiled program's call (the GIL held): false when its callable left this call to Python.
 bool run_python(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
-  if (p.direct) return run_direct(p, inputs, out);
+  if (!p.direct.empty()) return run_direct(p, inputs, out);
   py::list args(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) args[i] = to_python(inputs[i]);
   py::object r = py::reinterpret_borrow<py::object>(p.call.get())(args);
@@ -857,7 +881,7 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   auto p = table.find(c.key);
   if (!p) return py::reinterpret_borrow<py::object>(g_miss);
   std::vector<c10::IValue> out;
-  if (p->call) {  // counted once it answered: a MISS goes on to Python, which records the call
+  if (p->call || !p->direct.empty()) {  // counted once it answered: a MISS goes on to Python, which records the call
     if (!run_python(*p, c.inputs, out)) return py::reinterpret_borrow<py::object>(g_miss);
     counts.bump(*p);
   } else {
@@ -890,16 +914,30 @@ std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSch
                                       py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted,
                                       py::handle call) {
   auto p = std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
-  py::handle fn = call;
-  if (PyTuple_Check(call.ptr())) {  // (code, fused, versions, outs): a direct program
-    auto d = py::reinterpret_borrow<py::tuple>(call);
-    p->direct = true;
-    p->fused = d[1].cast<std::vector<int>>();
-    p->versions = d[2].cast<std::vector<int64_t>>();
-    p->outs = d[3].cast<std::vector<int>>();
-    fn = PyTuple_GET_ITEM(call.ptr(), 0);
+  // call: None, a callable, (code, fused, versions, outs) for a direct program, or
+  // [values_from, (values, (code, fused, versions, outs)), ...] for direct ones by value
+  auto add_direct = [&](py::handle spec, py::handle values) {
+    auto t = py::reinterpret_borrow<py::tuple>(spec);
+    Direct d;
+    d.code = std::shared_ptr<PyObject>(py::handle(t[0]).inc_ref().ptr(), PyDecRef{});
+    d.fused = t[1].cast<std::vector<int>>();
+    d.versions = t[2].cast<std::vector<int64_t>>();
+    d.outs = t[3].cast<std::vector<int>>();
+    if (!values.is_none()) d.values = values.cast<std::vector<double>>();
+    p->direct.push_back(std::move(d));
+  };
+  if (PyTuple_Check(call.ptr())) {
+    add_direct(call, py::none());
+  } else if (PyList_Check(call.ptr())) {
+    auto l = py::reinterpret_borrow<py::list>(call);
+    p->values_from = l[0].cast<int>();
+    for (size_t i = 1; i < l.size(); ++i) {
+      auto e = py::reinterpret_borrow<py::tuple>(l[i]);
+      add_direct(e[1], e[0]);
+    }
+  } else if (!call.is_none()) {
+    p->call = std::shared_ptr<PyObject>(call.inc_ref().ptr(), PyDecRef{});
   }
-  if (!fn.is_none()) p->call = std::shared_ptr<PyObject>(fn.inc_ref().ptr(), PyDecRef{});
   p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
   p->op = func.inc_ref().ptr();
   p->lifted = lifted;
@@ -981,7 +1019,7 @@ class Fallback final : public c10::OperatorKernel {
       finish(c);
       if (auto p = table_->find(c.key)) {
         std::vector<c10::IValue> out;
-        if (p->call) {
+        if (p->call || !p->direct.empty()) {
           py::gil_scoped_acquire gil;
           if (!run_python(*p, c.inputs, out)) return miss(op, stack, n);
           counts_->bump(*p);

@@ -93,8 +93,16 @@ class ByValue:
     def __call__(self, inputs: list):
         if self.ints:
             inputs += self.ints  # C++ passes tensors and lifted floats; the key fixes the ints
-        fn = self.fns.get(tuple(inputs[self.n:]))
-        return self.miss if fn is None else fn(inputs)
+        c = self.fns.get(tuple(inputs[self.n:]))
+        return self.miss if c is None else c.flat(inputs)
+
+    def program(self):
+        """What the C++ program runs: this object, or where every value's code can be called
+        directly, ``[n, (values, direct), ...]`` (no Python on a hit of a compiled value)."""
+        direct = [] if self.ints else [(values, c.direct()) for values, c in self.fns.items()]
+        if direct and all(d is not None and all(type(v) is float for v in values) for values, d in direct):
+            return [self.n, *direct]
+        return self
 
 
 class Compiled:
@@ -448,8 +456,8 @@ class Compiler:
             entry = self._by_value.get(key)
             if entry is None:
                 entry = self._by_value[key] = ByValue(n_tensors, list(inputs[n_tensors + n_lifted:]), MISS)
-            entry.fns[vkey[1]] = verdict.flat
-        return entry
+            entry.fns[vkey[1]] = verdict
+        return entry.program()
 
     def lookup(self, key, kernel, inputs, stats):
         """The compiled callable for this call, compiling it when the policy says so; or None (replay)."""

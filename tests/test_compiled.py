@@ -414,6 +414,29 @@ def test_a_direct_program_keeps_identity_versions_and_replays_on_shared_memory(m
     assert flats == [] and len(runs) == 2 and mode.report().row(aten.add_.Tensor).compiled == 3
 
 
+@needs_cpp
+def test_inductor_code_behind_a_lifted_float_is_called_directly_per_value(monkeypatch):
+    n = compiled.MIN_NUMEL
+    y = torch.randn(n)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with mode:
+        for w in (0.3, 0.7):
+            for _ in range(compiled.AFTER + 2):
+                torch.randn(n).lerp_(y, w)
+    flats = []
+    flat = compiled.Compiled.flat
+    monkeypatch.setattr(compiled.Compiled, "flat", lambda self, inputs: flats.append(1) or flat(self, inputs))
+    for w in (0.3, 0.7, 0.4):  # 0.4: never compiled, so Python answers (and counts) it
+        x = torch.randn(n)
+        want, version = x.clone().lerp_(y, w), x._version
+        with mode:
+            assert x.lerp_(y, w) is x
+        torch.testing.assert_close(x, want)
+        assert x._version == version + 1
+    # 0.7 answered compiled once in Python (its first call after compiling), then 0.3 and 0.7 from C++
+    assert flats == [] and mode.report().row(aten.lerp_.Scalar).compiled == 3
+
+
 def test_a_fused_write_still_trips_autograds_in_place_check():
     n = compiled.MIN_NUMEL
     y = torch.randn(n)
