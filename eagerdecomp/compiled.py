@@ -446,8 +446,8 @@ class Compiler:
             verdict = self._table.get(key)  # (a verdict for every value of the key)
         if verdict is None:
             return PENDING
-        if type(verdict) is Declined:
-            return None if verdict.general else PENDING
+        if type(verdict) is Declined:  # (one that holds for this call's values only: others may compile)
+            return None if verdict.general or vkey is key else PENDING
         if vkey is key:
             return verdict.direct() or verdict.flat
         from .native import MISS

@@ -225,6 +225,26 @@ def test_floats_that_change_every_call_replay_from_cpp(monkeypatch):
     assert row.native == 1 and any(f"took {compiled.VARYING} values once each" in r for r in row.not_compiled)
 
 
+@needs_cpp
+def test_a_key_the_compiler_failed_on_replays_from_cpp():
+    # inference tensors carry no version counter, which a fused write sets: Inductor's code is
+    # refused for them, and the key's later calls replay in C++ like any key left on replay
+    n = compiled.MIN_NUMEL
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    with torch.inference_mode(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        y = torch.randn(n)
+        for _ in range(compiled.AFTER + 4):
+            x = torch.randn(n)
+            want = x + y
+            with mode:
+                assert x.add_(y) is x
+            torch.testing.assert_close(x, want)
+    row = mode.report().row(aten.add_.Tensor)
+    assert row.compiled == 0 and row.native == 2 and any("version counter" in r for r in row.not_compiled)
+    assert sum("stays on replay" in str(m.message) for m in w) == 1
+
+
 def test_a_mode_without_compile_never_runs_compiled_code():
     c = Spy()
     x, y = torch.randn(64), torch.randn(64)
