@@ -15,7 +15,9 @@ replay, with its reason in the report (``not compiled: ...``), and a compiler
 that fails warns once per op. Compiled per exact key: the call's own inputs are
 the compiler's example inputs, so nothing shape-generic has to be trusted to a
 compiler that does not check guards; a shape seen fewer than :data:`AFTER`
-times never pays a compile.
+times never pays a compile. Once a key is decided, its calls are served from
+C++ (:mod:`eagerdecomp.native`): a compiled key's program calls the compiled
+code (Inductor's own, directly: :meth:`Compiled.direct`), any other replays.
 
 Example::
 
@@ -477,7 +479,7 @@ class Compiler:
             if seen > VARYING and exact not in self._by_value:
                 # NOTE: compiled code is per value (a compiler may bake floats in); values that
                 # never repeat never reach AFTER, so the key replays, and from C++ (program_call)
-                reason = f"its float or int arguments took {VARYING} values once each"
+                reason = f"its float or int arguments took over {VARYING} values, none compiled"
                 stats.not_compiled(kernel.op, reason)
                 if len(self._table) < MAX_COMPILED:
                     self._table[exact] = Declined(reason)
