@@ -423,7 +423,6 @@ class Compiler:
         self._hits: dict = {}  # key -> replays so far (a policy counter: approximate under threads)
         self._values: dict = {}  # exact key -> distinct values of its non-tensor inputs seen (same)
         self._kernels: dict = {}  # id(kernel) -> (kernel, plan or Declined, fused-writes plan or None)
-        self._busy: set = set()  # keys being compiled: other threads replay meanwhile
         self._by_value: dict = {}  # exact key -> its ByValue, for kernels with non-tensor inputs
         self.native_table = None  # the C++ table of the runtimes with this compiler (eagerdecomp.native)
         self._lock = threading.Lock()
@@ -486,18 +485,25 @@ class Compiler:
                 return None
         if n <= AFTER:
             return None
-        with self._lock:
-            if key in self._busy or key in self._table:
-                return None
-            self._busy.add(key)
+        # NOTE: one compile at a time in the process: Inductor's is not thread-safe (its pattern
+        # tables and patchers are global; concurrent compiles fail). A call that finds another
+        # compiling replays, and its key is tried again on its next call; never waiting also
+        # keeps a compile whose code runs ops back through eagerdecomp from waiting on itself.
+        if not _COMPILING.acquire(blocking=False):
+            return None
         try:
-            entry = self._make(kernel, inputs, stats)
+            if key in self._table:
+                return None
+            entry = None
+            try:
+                entry = self._make(kernel, inputs, stats)
+            finally:
+                with self._lock:
+                    if entry is not None and len(self._table) < MAX_COMPILED:
+                        self._table[key] = entry
+                    self._hits.pop(key, None)
         finally:
-            with self._lock:
-                self._busy.discard(key)
-                if len(self._table) < MAX_COMPILED:
-                    self._table[key] = entry
-                self._hits.pop(key, None)
+            _COMPILING.release()
         return None  # this call replays: its result was the reference the compiled one was checked on
 
     def _make(self, kernel, inputs, stats):
@@ -566,6 +572,7 @@ class Compiler:
 
 _COMPILERS: dict = {}  # (id(kernel cache), compiler name, fn) -> Compiler
 _LOCK = threading.Lock()
+_COMPILING = threading.Lock()  # held by the one compile running in the process (Compiler.lookup)
 
 
 def compiler_for(cache, compile, opset=None) -> Compiler | None:

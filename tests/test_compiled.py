@@ -245,6 +245,48 @@ def test_a_key_the_compiler_failed_on_replays_from_cpp():
     assert sum("stays on replay" in str(m.message) for m in w) == 1
 
 
+def test_threads_compile_one_at_a_time_and_agree_with_eager():
+    # Inductor's compiler is not thread-safe: compiles never overlap; a thread that finds one
+    # running replays and tries again on a later call
+    import threading
+    import time
+
+    class Slow(Counting):
+        def __init__(self):
+            super().__init__()
+            self.active = self.overlaps = 0
+
+        def __call__(self, gm, example_inputs):
+            self.active += 1
+            self.overlaps += self.active > 1
+            time.sleep(0.05)  # wide enough for the other threads to arrive
+            try:
+                return super().__call__(gm, example_inputs)
+            finally:
+                self.active -= 1
+
+    c = Slow()
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    bad, start = [], threading.Barrier(4)
+
+    def work(n):
+        x, y = torch.randn(n), torch.randn(n)
+        start.wait()
+        deadline = time.monotonic() + 60  # (a bound for a hang, not a timing)
+        while len(c.graphs) < 4 and time.monotonic() < deadline:
+            with mode:
+                got = torch.logaddexp(x, y)
+            if not torch.allclose(got, torch.logaddexp(x, y)):
+                bad.append(n)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (60, 61, 62, 63)]  # a key each
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and c.overlaps == 0 and len(c.graphs) == 4
+
+
 def test_a_mode_without_compile_never_runs_compiled_code():
     c = Spy()
     x, y = torch.randn(64), torch.randn(64)
