@@ -810,7 +810,7 @@ bool shares_storage(const std::vector<c10::IValue>& inputs, int i) {
   return false;
 }
 
-// A direct program (the GIL held): Compiled.flat's fast case, in C++.
+// The program's direct code for this call (by value: the one compiled for its floats), or null.
 const Direct* direct_for(const Program& p, const std::vector<c10::IValue>& inputs) {
   if (p.values_from < 0) return &p.direct[0];
   const size_t n = inputs.size() - p.values_from;
@@ -825,6 +825,7 @@ const Direct* direct_for(const Program& p, const std::vector<c10::IValue>& input
   return nullptr;
 }
 
+// A direct program (the GIL held): Compiled.flat's fast case, in C++.
 bool run_direct(const Program& p, const std::vector<c10::IValue>& inputs, std::vector<c10::IValue>& out) {
   const Direct* d = direct_for(p, inputs);
   if (!d) return false;  // a value not compiled: Python counts it (and may compile it)
@@ -1086,7 +1087,8 @@ class Fallback final : public c10::OperatorKernel {
                           prog.size() > 7 ? prog[7] : py::handle(Py_None));
     py::list words = words_after_op(c.key);
     table_->insert(std::move(c.key), std::move(p));
-    if (!on_install_.is_none() && (prog.size() <= 7 || prog[7].is_none())) on_install_(words, prog);  // (compiled: not saved)  // (the GIL is held: we are in miss())
+    // (the GIL is held: we are in miss()); a program with compiled code is not saved
+    if (!on_install_.is_none() && (prog.size() <= 7 || prog[7].is_none())) on_install_(words, prog);
   }
 
   static py::object argument_to_python(const c10::IValue& v, const c10::TypePtr& type) {
