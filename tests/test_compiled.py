@@ -476,6 +476,17 @@ def test_a_direct_program_keeps_identity_versions_and_replays_on_shared_memory(m
     assert flats == [] and len(runs) == 2 and mode.report().row(aten.add_.Tensor).compiled == 3
 
 
+def test_only_opset_ops_reach_below_inductors_code():
+    x, y = torch.randn(compiled.MIN_NUMEL), torch.randn(compiled.MIN_NUMEL)
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    _calls(mode, lambda: torch.logaddexp(x, y), compiled.AFTER + 2)
+    with RecordingMode() as rec, mode:
+        got = torch.logaddexp(x, y)
+    assert mode.report().row(aten.logaddexp.default).compiled == 1
+    rec.assert_only("core_aten")
+    torch.testing.assert_close(got, torch.logaddexp(x, y))
+
+
 @needs_cpp
 def test_inductor_code_behind_a_lifted_float_is_called_directly_per_value(monkeypatch):
     n = compiled.MIN_NUMEL
