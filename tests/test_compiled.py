@@ -561,6 +561,19 @@ def test_compiled_code_calling_ops_outside_the_opset_stays_on_replay():
     torch.testing.assert_close(out, a.clone().addmm_(b, c))
 
 
+def test_a_graph_with_an_unread_output_of_a_multi_output_op_compiles():
+    # nanmedian's decomposition sorts and never reads sort's indices: their getitem has no users,
+    # like a check, but reads a computed value (found by the compiled conformance run: KeyError)
+    x = torch.randn(4, 64)
+    x[0, 3] = float("nan")
+    c = Counting()
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    got = _calls(mode, lambda: torch.nanmedian(x, 1), compiled.AFTER + 3)
+    assert len(c.graphs) == 1 and mode.report().row(aten.nanmedian.dim).compiled == 1
+    want = torch.nanmedian(x, 1)
+    assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+
+
 def test_inductor_with_a_repeated_input_matches_eager():
     x = torch.randn(1 << 14)
     mode = ed.EagerDecompMode("core_aten", compile="inductor")
