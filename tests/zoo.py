@@ -31,6 +31,14 @@ SUMMARY = ROOT / "reports" / "zoo.md"
 
 # the tolerances of tests/test_models.py: float32 rounding of decomposed chains, not bitwise
 LOSS, GRAD, OUT = dict(rtol=1e-4, atol=1e-5), dict(rtol=1e-3, atol=1e-5), dict(rtol=1e-4, atol=1e-5)
+# NOTE: past those, the judge is PyTorch's own for decompositions (test_decomp.py), taken whole-model:
+# the same step in float64 is the reference, and the mode's error against it may be at most
+# RATIO times native float32's own error (plus FLOOR; both relative to the part's largest value).
+# Rounding differences compound through a model and can leave a small tensor outside the float32
+# tolerance while the whole is as accurate as native (BiT's weight-standardized convolutions:
+# 0.74x native's error); a wrong formula is off by orders of magnitude. Where native itself is far
+# from float64 (top-k over near-ties picks other queries) the judge says little: the summary says so.
+RATIO, FLOOR = 4.0, 1e-7
 
 
 def names() -> list:
@@ -121,6 +129,36 @@ def _worst(got: dict, want: dict, tol: dict) -> tuple:
     return first, diff / scale if scale else diff
 
 
+def _error(got: dict, ref: dict) -> float:
+    """The largest difference of ``got`` from ``ref`` (float64) over the largest value of ``ref``."""
+    diff = scale = 0.0
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None or g.shape != r.shape or not r.numel():
+            continue
+        diff = max(diff, (g.double() - r.double()).abs().nan_to_num(0).max().item())
+        scale = max(scale, r.double().abs().nan_to_num(0).max().item())
+    return diff / scale if scale else diff
+
+
+def _parts(result) -> dict:
+    (loss, grads, buffers), outputs = result
+    return {"loss": {"loss": loss}, "grads": grads, "buffers": buffers, "outputs": dict(enumerate(outputs))}
+
+
+def _float64(model, x, labels):
+    """The reference: the same step and pass in float64 (None where the model does not run so)."""
+    import torch
+
+    try:
+        m = model.double()
+        x = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in x.items()}
+        torch.manual_seed(1)
+        return _parts((_train(m, x, labels), _infer(m, x)))
+    except Exception:  # noqa: BLE001 - some kernels have no float64 form: the strict check alone
+        return None
+
+
 def check(name: str) -> dict:
     """One model: ``{"name", "verdict", ...}``; verdict is ``match``, ``mismatch``, ``error``
     (the mode raised), ``stray`` (non-core ops reached the kernels) or ``native failed``."""
@@ -139,7 +177,7 @@ def check(name: str) -> dict:
             model, x, labels, family, _ = build(spec)
             _no_dropout(model)
             row["family"], row["params"] = family, sum(p.numel() for p in model.parameters())
-            ours = copy.deepcopy(model)
+            ours, wide = copy.deepcopy(model), copy.deepcopy(model)
             t0 = time.perf_counter()
             torch.manual_seed(1)
             native = _train(model, x, labels), _infer(model, x)
@@ -162,16 +200,26 @@ def check(name: str) -> dict:
     rep = mode.report()
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
-    (loss_n, grads_n, buf_n), out_n = native
-    (loss_g, grads_g, buf_g), out_g = got
+    native, got = _parts(native), _parts(got)
+    ref = None
     failures, worst = [], {}
-    for part, g, w, tol in (("loss", {"loss": loss_g}, {"loss": loss_n}, LOSS), ("grads", grads_g, grads_n, GRAD),
-                            ("buffers", buf_g, buf_n, OUT),
-                            ("outputs", dict(enumerate(out_g)), dict(enumerate(out_n)), OUT)):
-        if part == "grads" and grads_g.keys() != grads_n.keys():
-            failures.append(f"grads: parameters with a gradient differ ({sorted(grads_g.keys() ^ grads_n.keys())[:3]})")
+    for part, tol in (("loss", LOSS), ("grads", GRAD), ("buffers", OUT), ("outputs", OUT)):
+        g, w = got[part], native[part]
+        if g.keys() != w.keys():
+            failures.append(f"{part}: tensors differ ({sorted(map(str, g.keys() ^ w.keys()))[:3]})")
             continue
         first, worst[part] = _worst(g, w, tol)
+        if first and first[1].startswith("Tensor-likes are not close"):
+            # outside float32's tolerance: judged against float64, as PyTorch judges a decomposition
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = ref if ref is not None else _float64(wide, x, labels) or {}
+            if part in ref:
+                mine, theirs = _error(g, ref[part]), _error(w, ref[part])
+                row.setdefault("vs float64", {})[part] = [float(f"{mine:.3g}"), float(f"{theirs:.3g}")]
+                if mine <= RATIO * theirs + FLOOR:
+                    continue
+                first = (first[0], f"error against float64 {mine:.3g}, native's {theirs:.3g}; {first[1]}")
         if first:
             failures.append(f"{part}: {first[0]}: {first[1]}")
     row["worst"] = {k: float(f"{v:.3g}") for k, v in worst.items()}
@@ -201,6 +249,14 @@ def summary() -> str:
                       f"(over loss, gradients, buffers and outputs, each part's largest difference over its "
                       f"largest value): median {rel[len(rel) // 2]:.2g}, "
                       f"max {rel[-1]:.2g}."]
+    judged = [r for r in rows if r["verdict"] == "match" and r.get("vs float64")]
+    if judged:
+        far = [r for r in judged if max(t for _, t in r["vs float64"].values()) > 1e-2]
+        lines += ["", f"{len(judged)} matches were judged against float64 (a tensor outside float32's tolerance; "
+                      f"error against float64 relative to the part's largest value, the mode's / native's):", ""]
+        lines += [f"* `{r['name']}`: " + ", ".join(f"{k} {m:.2g} / {t:.2g}" for k, (m, t) in r["vs float64"].items())
+                  + (" (native itself far from float64: discrete choices on near-ties)" if r in far else "")
+                  for r in judged]
     for verdict in ("mismatch", "crash", "stray", "error", "timeout", "native failed"):
         if verdict in by:
             lines += ["", f"## {verdict}", ""]
