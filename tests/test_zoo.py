@@ -70,3 +70,51 @@ def test_model_matches_native_under_the_mode(name):
     if row["verdict"] == "native failed":
         pytest.skip(f"does not run natively: {row['detail']}")
     assert row["verdict"] == "match", row
+
+
+# -- the judge itself: a check that cannot fail is no check -----------------------------------------
+
+def _parts(scale=1.0, **change):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    parts = {"loss": {"loss": torch.tensor(2.5)}, "grads": {"w": torch.randn(64, generator=g) * scale},
+             "buffers": {}, "outputs": {0: torch.randn(4, 8, generator=g)}}
+    for part, fn in change.items():
+        parts[part] = {k: fn(v) for k, v in parts[part].items()}
+    return parts
+
+
+def test_the_judge_passes_rounding_and_fails_a_wrong_answer():
+    native = _parts()
+    assert zoo.judge(_parts(grads=lambda t: t * (1 + 1e-6)), native, lambda: None)[0] == []
+    failures = zoo.judge(_parts(grads=lambda t: t * 1.01), native, lambda: None)[0]
+    assert len(failures) == 1 and failures[0].startswith("grads: w:")
+    assert zoo.judge(_parts(outputs=lambda t: t[:2]), native, lambda: None)[0]  # a shape is never rounding
+
+
+def test_past_float32_tolerance_the_judge_is_float64():
+    exact = _parts()
+    # native 1e-3 off float64; the mode 2e-3 off: within RATIO x native's error
+    native = _parts(grads=lambda t: t + 1e-3)
+    failures, _, judged = zoo.judge(_parts(grads=lambda t: t - 2e-3), native, lambda: exact)
+    assert failures == [] and judged["grads"][0] > judged["grads"][1] > 0
+    # the mode 10x further off float64 than native: wrong
+    failures, _, _ = zoo.judge(_parts(grads=lambda t: t + 1e-2), native, lambda: exact)
+    assert len(failures) == 1 and "error against float64" in failures[0]
+
+
+def test_generations_part_only_on_a_near_tie():
+    import torch
+
+    seq = torch.tensor([[5, 1, 2, 3]])
+    scores = [torch.tensor([[0.0, 3.0, 1.0, 0.0]]), torch.tensor([[0.0, 1.0, 2.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0, 3.0]])]
+    assert zoo._same_generation((seq, scores), (seq, scores)) is None
+    off = [s.clone() for s in scores]
+    off[1][0, 0] += 0.01
+    assert "step 1: scores differ" in zoo._same_generation((seq, off), (seq, scores))
+    other = torch.tensor([[5, 1, 1, 3]])  # step 1 picks token 1, native's second best by 1.0
+    assert "not a tie" in zoo._same_generation((other, scores), (seq, scores))
+    tied = [s.clone() for s in scores]
+    tied[1][0, 1] = 2.0  # native's two best at step 1 are equal: either token is eager's
+    assert zoo._same_generation((other, tied), (seq, tied)) is None

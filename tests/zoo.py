@@ -1,6 +1,7 @@
 """The model zoo check: every model of the shipped corpus, built as ``coverage record`` builds
 it (``transformers`` architectures made tiny, random weights, and the hand-written CNNs), takes
-one training step and one inference pass natively and under ``EagerDecompMode("core_aten")``,
+one training step, one inference pass and, where it generates, a greedy ``generate()`` with the
+key/value cache, natively and under ``EagerDecompMode("core_aten")``,
 in a fresh process each; the mode's loss, gradients, batch-norm statistics and outputs must
 match native's, and an independent ``RecordingMode`` outside it must see only core ATen.
 
@@ -106,6 +107,50 @@ def _infer(model, x):
         return _leaves(model(**_no_cache(model, x)))
 
 
+NEW_TOKENS = 6  # greedy decoding with the key/value cache: a new shape every step
+
+
+def _generate(model, x):
+    """Greedy ``generate()`` (key/value cache on): tokens and each step's scores; None where the
+    model does not generate from these inputs."""
+    import torch
+
+    if not getattr(model, "can_generate", lambda: False)() or "input_ids" not in x:
+        return None
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**{k: v for k, v in x.items() if k in ("input_ids", "attention_mask")},
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                             bos_token_id=1, decoder_start_token_id=0, return_dict_in_generate=True, output_scores=True)
+    return out.sequences, [s.detach() for s in out.scores]
+
+
+def _same_generation(got, want) -> str | None:
+    """Why two greedy generations differ, or None. Where the tokens part, native's two best
+    scores at that step must be a near-tie (rounding picks either); the scores before it must match."""
+    import torch
+
+    (seq_g, scores_g), (seq_w, scores_w) = got, want
+    if seq_g.shape != seq_w.shape:
+        return f"sequences of shape {list(seq_g.shape)} where native has {list(seq_w.shape)}"
+    steps = len(scores_w)
+    start = seq_w.shape[1] - steps
+    part = next((i for i in range(steps) if not torch.equal(seq_g[:, start + i], seq_w[:, start + i])), steps)
+    for i in range(part + 1 if part < steps else steps):
+        a, b = scores_g[i].float(), scores_w[i].float()
+        scale = b.abs().nan_to_num(0, 0, 0).max().item() or 1.0
+        d = (a - b).abs().nan_to_num(0, 0, 0).max().item()
+        if d > 1e-4 * scale:
+            return f"step {i}: scores differ by {d:.3g} (largest score {scale:.3g})"
+    if part < steps:
+        row = (seq_g[:, start + part] != seq_w[:, start + part]).nonzero()[0, 0].item()
+        top = scores_w[part][row].float().topk(2).values
+        gap = (top[0] - top[1]).item()
+        if gap > 1e-4 * max(top.abs().max().item(), 1.0):
+            return f"step {part}: another token (native's best two scores {gap:.3g} apart: not a tie)"
+    return None
+
+
 def _worst(got: dict, want: dict, tol: dict) -> tuple:
     """``(name, message)`` of the first tensor outside ``tol``, else None; and the largest
     difference over these tensors relative to their largest value (for the report: a tensor
@@ -159,6 +204,31 @@ def _float64(model, x, labels):
         return None
 
 
+def judge(got: dict, native: dict, float64) -> tuple:
+    """``(failures, worst, judged)`` for the mode's parts (``{part: {name: tensor}}``) against
+    native's: each part within float32's tolerance, or else no further from ``float64()``'s
+    (called once, when first needed; None where the model has no float64 run) than RATIO
+    times native's own error. ``judged`` has ``[mode's, native's]`` error per part so judged."""
+    ref, failures, worst, judged = None, [], {}, {}
+    for part, tol in (("loss", LOSS), ("grads", GRAD), ("buffers", OUT), ("outputs", OUT)):
+        g, w = got[part], native[part]
+        if g.keys() != w.keys():
+            failures.append(f"{part}: tensors differ ({sorted(map(str, g.keys() ^ w.keys()))[:3]})")
+            continue
+        first, worst[part] = _worst(g, w, tol)
+        if first and first[1].startswith("Tensor-likes are not close"):
+            ref = ref if ref is not None else float64() or {}
+            if part in ref:
+                mine, theirs = _error(g, ref[part]), _error(w, ref[part])
+                judged[part] = [float(f"{mine:.3g}"), float(f"{theirs:.3g}")]
+                if mine <= RATIO * theirs + FLOOR:
+                    continue
+                first = (first[0], f"error against float64 {mine:.3g}, native's {theirs:.3g}; {first[1]}")
+        if first:
+            failures.append(f"{part}: {first[0]}: {first[1]}")
+    return failures, worst, judged
+
+
 def check(name: str) -> dict:
     """One model: ``{"name", "verdict", ...}``; verdict is ``match``, ``mismatch``, ``error``
     (the mode raised), ``stray`` (non-core ops reached the kernels) or ``native failed``."""
@@ -181,6 +251,10 @@ def check(name: str) -> dict:
             t0 = time.perf_counter()
             torch.manual_seed(1)
             native = _train(model, x, labels), _infer(model, x)
+            try:
+                generated = _generate(model, x)
+            except Exception:  # noqa: BLE001 - made-up inputs it does not generate from: not checked
+                generated = None
             row["native s"] = round(time.perf_counter() - t0, 3)
     except Exception as e:  # noqa: BLE001 - not ours to judge: the model does not run natively
         return dict(row, verdict="native failed", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
@@ -191,6 +265,8 @@ def check(name: str) -> dict:
             with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
                 torch.manual_seed(1)
                 got = _train(ours, x, labels), _infer(ours, x)
+                if generated is not None:
+                    got_generated = _generate(ours, x)
     except ed.EagerDecompError as e:
         return dict(row, verdict="error", detail=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")
     except Exception as e:  # noqa: BLE001 - a crash that is not one of our errors is a bug
@@ -200,29 +276,17 @@ def check(name: str) -> dict:
     rep = mode.report()
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
-    native, got = _parts(native), _parts(got)
-    ref = None
-    failures, worst = [], {}
-    for part, tol in (("loss", LOSS), ("grads", GRAD), ("buffers", OUT), ("outputs", OUT)):
-        g, w = got[part], native[part]
-        if g.keys() != w.keys():
-            failures.append(f"{part}: tensors differ ({sorted(map(str, g.keys() ^ w.keys()))[:3]})")
-            continue
-        first, worst[part] = _worst(g, w, tol)
-        if first and first[1].startswith("Tensor-likes are not close"):
-            # outside float32's tolerance: judged against float64, as PyTorch judges a decomposition
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ref = ref if ref is not None else _float64(wide, x, labels) or {}
-            if part in ref:
-                mine, theirs = _error(g, ref[part]), _error(w, ref[part])
-                row.setdefault("vs float64", {})[part] = [float(f"{mine:.3g}"), float(f"{theirs:.3g}")]
-                if mine <= RATIO * theirs + FLOOR:
-                    continue
-                first = (first[0], f"error against float64 {mine:.3g}, native's {theirs:.3g}; {first[1]}")
-        if first:
-            failures.append(f"{part}: {first[0]}: {first[1]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        failures, worst, judged = judge(_parts(got), _parts(native), lambda: _float64(wide, x, labels))
+    if judged:
+        row["vs float64"] = judged
     row["worst"] = {k: float(f"{v:.3g}") for k, v in worst.items()}
+    if generated is not None:
+        row["generated"] = NEW_TOKENS
+        why = _same_generation(got_generated, generated)
+        if why:
+            failures.append(f"generate: {why}")
     stray = rec.outside("core_aten")
     if failures:
         return dict(row, verdict="mismatch", detail=failures[:4])
