@@ -302,8 +302,9 @@ def summary() -> str:
     for r in rows:
         by.setdefault(r["verdict"], []).append(r)
     lines = ["# The model zoo under `EagerDecompMode(\"core_aten\")`", "",
-             "Written by `make zoo` (`tests/test_zoo.py`, `tests/zoo.py`): one training step and one inference",
-             "pass of each corpus model, natively and under the mode, dropout off, 1 thread.", "",
+             "Written by `make zoo` (`tests/test_zoo.py`, `tests/zoo.py`): one training step, one inference pass",
+             f"and, where the model generates, a greedy `generate()` of {NEW_TOKENS} tokens, of each corpus model,",
+             "natively and under the mode; dropout off, 1 thread.", "",
              "| verdict | models |", "| --- | ---: |"]
     lines += [f"| {v} | {len(rs)} |" for v, rs in sorted(by.items(), key=lambda kv: -len(kv[1]))]
     ran = [r for r in rows if "mode s" in r]
