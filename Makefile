@@ -67,11 +67,14 @@ conformance-compiled: install
 models: install
 	EAGERDECOMP_MODELS=all $(PY) -m pytest tests/test_models.py $(PYTEST_ARGS)
 
-# every model of the shipped corpus, natively and under the mode, one child per 8 models (make test
-# runs 3); a row per model in reports/zoo/rows/ (a later run goes on from the first missing one),
-# then reports/zoo.md. About 40 minutes on one core.
+# every model of the shipped corpus, natively and under the mode (DEVICE=edref: on the reference
+# device with the switch), one child per 8 models (make test runs 3, and 1 on edref); a row per
+# model in reports/zoo[-DEVICE]/rows/ (a later run goes on from the first missing one), then
+# reports/zoo[-DEVICE].md. About an hour on one core.
+DEVICE ?=
 zoo: install
-	EAGERDECOMP_ZOO=all $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; $(PY) -m tests.zoo --summary > /dev/null; exit $$s
+	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
+		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --summary > /dev/null; exit $$s
 
 # the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
 STRESS_RUNS ?= 100

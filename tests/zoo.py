@@ -9,8 +9,8 @@ These are models nobody here wrote: the point is a wrong answer we never tuned f
 set to 0 (eager's bernoulli stream comes from the CPU kernel's own generator use, which core
 ATen's ``rand`` cannot reproduce: a documented limit, checked in the RNG tests instead).
 
-    python -m tests.zoo NAME [NAME...]      # one JSON row per model on stdout (the child)
-    python -m tests.zoo --summary           # reports/zoo/rows/*.json -> reports/zoo.md
+    python -m tests.zoo [--device edref] NAME [NAME...]   # one JSON row per model on stdout (the child)
+    python -m tests.zoo [--device edref] --summary        # reports/zoo/rows/*.json -> reports/zoo.md
 
 ``tests/test_zoo.py`` runs it: a slice in ``make test``, every model with ``make zoo``.
 """
@@ -27,8 +27,14 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ROOT / "reports" / "zoo" / "rows"
-SUMMARY = ROOT / "reports" / "zoo.md"
+
+def rows_dir(device: str | None = None) -> Path:
+    """Where a run writes its rows: under the mode, or on ``device`` with the switch."""
+    return ROOT / "reports" / (f"zoo-{device}" if device else "zoo") / "rows"
+
+
+def summary_path(device: str | None = None) -> Path:
+    return ROOT / "reports" / (f"zoo-{device}.md" if device else "zoo.md")
 
 # the tolerances of tests/test_models.py: float32 rounding of decomposed chains, not bitwise
 LOSS, GRAD, OUT = dict(rtol=1e-4, atol=1e-5), dict(rtol=1e-3, atol=1e-5), dict(rtol=1e-4, atol=1e-5)
@@ -49,8 +55,8 @@ def names() -> list:
     return sorted(load_corpus().models)
 
 
-def row_path(name: str) -> Path:
-    return ROWS / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
+def row_path(name: str, device: str | None = None) -> Path:
+    return rows_dir(device) / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
 
 
 def _no_dropout(model) -> None:
@@ -110,7 +116,7 @@ def _infer(model, x):
 NEW_TOKENS = 6  # greedy decoding with the key/value cache: a new shape every step
 
 
-def _generate(model, x):
+def _generate(model, x, device=None):
     """Greedy ``generate()`` (key/value cache on): tokens and each step's scores; None where the
     model does not generate from these inputs."""
     import torch
@@ -119,10 +125,11 @@ def _generate(model, x):
         return None
     model.eval()
     with torch.no_grad():
-        out = model.generate(**{k: v for k, v in x.items() if k in ("input_ids", "attention_mask")},
+        out = model.generate(**{k: v.to(device) if device else v for k, v in x.items()
+                                if k in ("input_ids", "attention_mask")},
                              max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
                              bos_token_id=1, decoder_start_token_id=0, return_dict_in_generate=True, output_scores=True)
-    return out.sequences, [s.detach() for s in out.scores]
+    return out.sequences.cpu(), [s.detach().cpu() for s in out.scores]
 
 
 def _same_generation(got, want) -> str | None:
@@ -229,9 +236,24 @@ def judge(got: dict, native: dict, float64) -> tuple:
     return failures, worst, judged
 
 
-def check(name: str) -> dict:
+def _on(device, x):
+    import torch
+
+    return torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _cpu(result):
+    import torch
+
+    return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, result)
+
+
+def check(name: str, device: str | None = None) -> dict:
     """One model: ``{"name", "verdict", ...}``; verdict is ``match``, ``mismatch``, ``error``
-    (the mode raised), ``stray`` (non-core ops reached the kernels) or ``native failed``."""
+    (eagerdecomp raised one of its errors), ``crash`` (anything else raised), ``stray``
+    (non-core ops reached the kernels) or ``native failed``. With ``device`` (``"edref"``, the
+    reference device, loaded by :func:`main` before any backward pass), the model runs there with
+    ``ed.enable`` instead of under the mode: the device itself has kernels for core ATen alone."""
     import torch
 
     import eagerdecomp as ed
@@ -245,6 +267,9 @@ def check(name: str) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, x, labels, family, _ = build(spec)
+            # NOTE: contiguous, as a copy to a device makes them: a head that views its labels
+            # (BART's) must take them the same way natively and on the device
+            labels = labels.contiguous() if labels is not None else None
             _no_dropout(model)
             row["family"], row["params"] = family, sum(p.numel() for p in model.parameters())
             ours, wide = copy.deepcopy(model), copy.deepcopy(model)
@@ -259,20 +284,32 @@ def check(name: str) -> dict:
     except Exception as e:  # noqa: BLE001 - not ours to judge: the model does not run natively
         return dict(row, verdict="native failed", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
     t0 = time.perf_counter()
+    rec = RecordingMode()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
-                torch.manual_seed(1)
-                got = _train(ours, x, labels), _infer(ours, x)
-                if generated is not None:
-                    got_generated = _generate(ours, x)
+            if device is None:
+                with rec, ed.EagerDecompMode("core_aten") as mode:
+                    torch.manual_seed(1)
+                    got = _train(ours, x, labels), _infer(ours, x)
+                    got_generated = _generate(ours, x) if generated is not None else None
+            else:
+                mode = ed.enable(device)
+                try:
+                    ours = ours.to(device)
+                    if hasattr(ours, "tie_weights"):
+                        ours.tie_weights()  # Module.to() unties tied weights on a new device type
+                    torch.manual_seed(1)
+                    got = _cpu((_train(ours, _on(device, x), _on(device, labels)), _infer(ours, _on(device, x))))
+                    got_generated = _generate(ours, x, device) if generated is not None else None
+                finally:
+                    ed.disable(device)
     except ed.EagerDecompError as e:
         return dict(row, verdict="error", detail=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")
     except Exception as e:  # noqa: BLE001 - a crash that is not one of our errors is a bug
         tb = traceback.format_exc().strip().splitlines()
         return dict(row, verdict="crash", detail=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", where=tb[-3:])
-    row["mode s"] = round(time.perf_counter() - t0, 3)
+    row["mode s" if device is None else f"{device} s"] = round(time.perf_counter() - t0, 3)
     rep = mode.report()
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
@@ -295,22 +332,23 @@ def check(name: str) -> dict:
     return dict(row, verdict="match")
 
 
-def summary() -> str:
-    """reports/zoo.md from the rows written so far; returns its text."""
-    rows = [json.loads(p.read_text()) for p in sorted(ROWS.glob("*.json"))]
+def summary(device: str | None = None) -> str:
+    """reports/zoo.md (zoo-DEVICE.md) from the rows written so far; returns its text."""
+    rows = [json.loads(p.read_text()) for p in sorted(rows_dir(device).glob("*.json"))]
     by = {}
     for r in rows:
         by.setdefault(r["verdict"], []).append(r)
-    lines = ["# The model zoo under `EagerDecompMode(\"core_aten\")`", "",
+    where = f"on `{device}` with `ed.enable`" if device else "under `EagerDecompMode(\"core_aten\")`"
+    lines = [f"# The model zoo {where}", "",
              "Written by `make zoo` (`tests/test_zoo.py`, `tests/zoo.py`): one training step, one inference pass",
              f"and, where the model generates, a greedy `generate()` of {NEW_TOKENS} tokens, of each corpus model,",
-             "natively and under the mode; dropout off, 1 thread.", "",
+             f"natively and {where}; dropout off, 1 thread.", "",
              "| verdict | models |", "| --- | ---: |"]
     lines += [f"| {v} | {len(rs)} |" for v, rs in sorted(by.items(), key=lambda kv: -len(kv[1]))]
-    ran = [r for r in rows if "mode s" in r]
+    ran = [r for r in rows if r.get("worst")]
     if ran:
         rel = sorted(max(r["worst"].values()) for r in ran if r.get("worst"))
-        lines += ["", f"Models that ran under the mode: {len(ran)}; worst relative difference per model "
+        lines += ["", f"Models that ran {where}: {len(ran)}; worst relative difference per model "
                       f"(over loss, gradients, buffers and outputs, each part's largest difference over its "
                       f"largest value): median {rel[len(rel) // 2]:.2g}, "
                       f"max {rel[-1]:.2g}."]
@@ -327,17 +365,24 @@ def summary() -> str:
             lines += ["", f"## {verdict}", ""]
             lines += [f"* `{r['name']}`: {r.get('detail')}" for r in by[verdict]]
     text = "\n".join(lines) + "\n"
-    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
-    SUMMARY.write_text(text)
+    summary_path(device).parent.mkdir(parents=True, exist_ok=True)
+    summary_path(device).write_text(text)
     return text
 
 
 def main(argv: list) -> int:
+    device = None
+    if argv[:1] == ["--device"]:
+        device, argv = argv[1], argv[2:]
     if argv == ["--summary"]:
-        print(summary(), end="")
+        print(summary(device), end="")
         return 0
+    if device == "edref":
+        from eagerdecomp.testing import reference_device
+
+        reference_device()  # before any backward pass in this process (see eagerdecomp.refdev)
     for name in argv:
-        print(json.dumps(check(name)), flush=True)
+        print(json.dumps(check(name, device)), flush=True)
     return 0
 
 
