@@ -147,6 +147,36 @@ def test_disabled_region_is_decomposed_by_the_mode():
     rec.assert_only("core_aten")
 
 
+@torch.compiler.disable(recursive=False)
+def eager_frame(x):
+    """Dynamo skips this frame but keeps its hook on for what it calls."""
+    return F.softplus(x) * 2
+
+
+def test_the_mode_runs_with_dynamos_frame_hook_off():
+    # NOTE: the mode opts out of TorchDispatchMode's dynamo-disabling wrapper (1 us a call) and
+    # turns the hook off itself, only when one is set; what it runs must never see one
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+    hooks = []
+
+    def softplus(x, beta=1, threshold=20):
+        hooks.append(get_eval_frame_callback())
+        return torch._refs.nn.functional.softplus(x, beta, threshold)
+
+    def fn(x):
+        return eager_frame(F.silu(x)).sum()
+
+    x = torch.randn(4, 6)
+    with ed.EagerDecompMode("core_aten", decompositions={aten.softplus.default: softplus}) as mode:
+        got = torch.compile(fn, backend=compile_backend("core_aten"))(x)
+    # traced inside the compiled call's eager frame, where dynamo's hook is set: with it off
+    assert hooks == [None], hooks
+    assert mode.report().row(aten.softplus.default).route == "decomposed"
+    torch.testing.assert_close(got, fn(x))
+    assert "eagerdecomp" in type(mode).__dict__["__torch_dispatch__"].__module__  # not torch's wrapper
+
+
 class TinyNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
