@@ -65,6 +65,11 @@ def _row(name: str, device, todo: list) -> dict:
 def _assert_matches(row: dict) -> None:
     if row["verdict"] == "native failed":
         pytest.skip(f"does not run natively: {row['detail']}")
+    if row["verdict"] == "error" and row["detail"].startswith("UnsupportedOpError"):
+        # a clear error, as promised: the model needs an op with no path to core ATen (complex views)
+        pytest.xfail(row["detail"])
+    if row["verdict"] == "mismatch" and row["name"] in zoo.KNOWN:
+        pytest.xfail(f"{zoo.KNOWN[row['name']]}: {row['detail']}")
     assert row["verdict"] == "match", row
 
 

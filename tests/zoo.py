@@ -47,6 +47,16 @@ LOSS, GRAD, OUT = dict(rtol=1e-4, atol=1e-5), dict(rtol=1e-3, atol=1e-5), dict(r
 # from float64 (top-k over near-ties picks other queries) the judge says little: the summary says so.
 RATIO, FLOOR = 4.0, 1e-7
 
+# NOTE: models whose mismatch is understood and is not a wrong formula, with why (the summary
+# lists them with their numbers). A model leaves this table when it matches.
+KNOWN = dict.fromkeys(
+    ["transformers/ResNetForImageClassification", "transformers/RegNetForImageClassification"],
+    "the first convolution's weight gradient, through a batch norm over 2x112x112 positions per channel, is "
+    "5-6x further from float64 than native's (0.0026-0.0029 against 0.0005, relative to the largest gradient): "
+    "torch._decomp's batch-norm decompositions accumulate in float32, the CPU kernels in float64; every op on "
+    "the path is within 1.4e-6 of native on the same inputs",
+)
+
 
 def names() -> list:
     """Every model of the shipped corpus, in its order."""
@@ -65,9 +75,8 @@ def _no_dropout(model) -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):
             m.p = 0.0
-        for attr in ("dropout", "attention_dropout", "attn_dropout", "dropout_p", "activation_dropout",
-                     "hidden_dropout", "layerdrop", "drop_path_rate"):
-            if isinstance(getattr(m, attr, None), float):
+        for attr, value in list(vars(m).items()):  # rates a module copied from its config
+            if isinstance(value, float) and "drop" in attr:
                 setattr(m, attr, 0.0)
         cfg = getattr(m, "config", None)
         if cfg is not None:
@@ -313,6 +322,9 @@ def check(name: str, device: str | None = None) -> dict:
     rep = mode.report()
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
+    random = sorted(str(r.op) for r in rep.rows if r.random)
+    if random:  # a dropout the zeroing missed: eager's stream is not ours, so values cannot match
+        row["random"] = random
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         failures, worst, judged = judge(_parts(got), _parts(native), lambda: _float64(wide, x, labels))
@@ -363,7 +375,8 @@ def summary(device: str | None = None) -> str:
     for verdict in ("mismatch", "crash", "stray", "error", "timeout", "native failed"):
         if verdict in by:
             lines += ["", f"## {verdict}", ""]
-            lines += [f"* `{r['name']}`: {r.get('detail')}" for r in by[verdict]]
+            lines += [f"* `{r['name']}`: {r.get('detail')}" + (f" **Known:** {KNOWN[r['name']]}." if r["name"] in KNOWN else "")
+                      for r in by[verdict]]
     text = "\n".join(lines) + "\n"
     summary_path(device).parent.mkdir(parents=True, exist_ok=True)
     summary_path(device).write_text(text)
