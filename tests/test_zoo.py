@@ -68,6 +68,10 @@ def _assert_matches(row: dict) -> None:
     if row["verdict"] == "error" and row["detail"].startswith("UnsupportedOpError"):
         # a clear error, as promised: the model needs an op with no path to core ATen (complex views)
         pytest.xfail(row["detail"])
+    if row["verdict"] == "mismatch" and row.get("random"):
+        # NOTE: a model that draws noise itself (VITS: randn_like on a transposed tensor) gets eager's
+        # distribution from another stream, a documented limit: its values cannot be compared
+        pytest.xfail(f"draws random numbers ({', '.join(row['random'])}): {row['detail']}")
     if row["verdict"] == "mismatch" and row["name"] in zoo.KNOWN:
         pytest.xfail(f"{zoo.KNOWN[row['name']]}: {row['detail']}")
     assert row["verdict"] == "match", row
