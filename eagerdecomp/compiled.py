@@ -68,6 +68,19 @@ MAX_COMPILED = 4096
 VARYING = 8
 
 
+# NOTE: writes through indices the kernel computes stay on replay. Eager checks every index and
+# raises; compiled code trusts them: Inductor's code for grid_sampler_2d_backward (index_put with
+# accumulate over clamped float coordinates) corrupted the heap on OpInfo's float64 samples and
+# aborted the process (the compiled conformance run), where replay gives eager's gradients.
+_aten = torch.ops.aten
+_INDIRECT_WRITES = frozenset({
+    _aten.index_put.default, _aten._unsafe_index_put.default, _aten.scatter.src, _aten.scatter.value,
+    _aten.scatter.reduce, _aten.scatter.value_reduce, _aten.scatter_add.default, _aten.scatter_reduce.two,
+    _aten.index_add.default, _aten.index_copy.default, _aten.index_fill.int_Scalar, _aten.index_fill.int_Tensor,
+    _aten.masked_scatter.default, _aten.put.default,
+})
+
+
 @dataclass(frozen=True)
 class Declined:
     """Why a kernel (or a key) is not compiled: data, remembered, never retried."""
@@ -216,6 +229,9 @@ def plan(kernel, fuse_writes: bool = False) -> Plan | Declined:
     """
     if kernel.random:
         return Declined("draws random numbers (keeps eagerdecomp's stream)")
+    scatter = next((n.target for n in kernel.module.graph.nodes if n.target in _INDIRECT_WRITES), None)
+    if scatter is not None:
+        return Declined(f"writes through computed indices ({scatter})")
     graph = torch.fx.Graph()
     env, checks, index, written, writes = {}, [], {}, {}, []
     compute = 0

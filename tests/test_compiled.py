@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import eagerdecomp as ed
 import eagerdecomp.compiled as compiled
@@ -572,6 +573,26 @@ def test_a_graph_with_an_unread_output_of_a_multi_output_op_compiles():
     assert len(c.graphs) == 1 and mode.report().row(aten.nanmedian.dim).compiled == 1
     want = torch.nanmedian(x, 1)
     assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+
+
+def test_a_kernel_writing_through_computed_indices_stays_on_replay():
+    # Inductor's code for this backward (index_put over clamped coordinates) corrupted the heap
+    # on OpInfo's float64 samples, where replay is exact: such kernels are never compiled
+    x = torch.randn(2, 3, 5, 20, dtype=torch.float64, requires_grad=True)
+    grid = (torch.rand(2, 13, 10, 2, dtype=torch.float64) * 4 - 2).requires_grad_()
+    c = Counting()
+    mode = ed.EagerDecompMode("core_aten", compile=c)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(compiled.AFTER + 3):
+            with mode:
+                got = torch.autograd.grad(F.grid_sample(x, grid, align_corners=False).sum(), [x, grid])
+    row = mode.report().row(aten.grid_sampler_2d_backward.default)
+    assert row.compiled == 0 and any("writes through computed indices" in r for r in row.not_compiled), row
+    assert not any(n.target is aten.index_put.default for gm in c.graphs for n in gm.graph.nodes)
+    want = torch.autograd.grad(F.grid_sample(x, grid, align_corners=False).sum(), [x, grid])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
 
 
 def test_inductor_with_a_repeated_input_matches_eager():
