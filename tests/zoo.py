@@ -357,10 +357,10 @@ def summary(device: str | None = None) -> str:
              f"natively and {where}; dropout off, 1 thread.", "",
              "| verdict | models |", "| --- | ---: |"]
     lines += [f"| {v} | {len(rs)} |" for v, rs in sorted(by.items(), key=lambda kv: -len(kv[1]))]
-    ran = [r for r in rows if r.get("worst")]
+    ran = [r for r in rows if r.get("worst") and not r.get("random")]  # (noise of its own: not comparable)
     if ran:
         rel = sorted(max(r["worst"].values()) for r in ran if r.get("worst"))
-        lines += ["", f"Models that ran {where}: {len(ran)}; worst relative difference per model "
+        lines += ["", f"Models that ran {where} and draw no noise of their own: {len(ran)}; worst relative difference per model "
                       f"(over loss, gradients, buffers and outputs, each part's largest difference over its "
                       f"largest value): median {rel[len(rel) // 2]:.2g}, "
                       f"max {rel[-1]:.2g}."]
