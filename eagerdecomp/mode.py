@@ -22,8 +22,11 @@ try:  # dynamo's frame hook (see EagerDecompMode._should_skip_dynamo)
     from torch._C._dynamo import eval_frame as _frames
 
     _hook, _set_hook = _frames.get_eval_frame_callback, _frames.set_eval_frame
+    _set_strategy = _frames.set_code_exec_strategy
+    _SKIP = _frames._FrameExecStrategy(_frames._FrameAction.SKIP, _frames._FrameAction.DEFAULT)
+    _OWN_WRAPPER = False
 except (ImportError, AttributeError):  # a torch without them: its own wrapper does the same
-    _frames = None
+    _hook, _OWN_WRAPPER = (lambda: None), True
 
 from .opset import OpSet
 from .routes import defers_to_subclass
@@ -75,11 +78,11 @@ class EagerDecompMode(TorchDispatchMode):
         # a call, a fifth of a do-nothing mode. Eager code has no hook set, so we check for one
         # (one C call) and do what the wrapper does only then: our frame is one dynamo skips
         # (below the class), and everything it calls runs with the hook off.
-        return _frames is None
+        return _OWN_WRAPPER
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # NOTE: only routes. Opset ops are the hot path: one dict lookup, then the op.
-        if _frames is not None and _hook() is not None:  # inside compiled code or a graph break
+        if _hook() is not None:  # inside compiled code or a graph break
             prior = _set_hook(None)
             try:
                 return self.__torch_dispatch__(func, types, args, kwargs)
@@ -113,6 +116,5 @@ class EagerDecompMode(TorchDispatchMode):
         return f"EagerDecompMode({self.opset!r}, on_unsupported={self.runtime.on_unsupported!r})"
 
 
-if _frames is not None:  # dynamo's hook passes this frame by (it turns the hook off for the rest)
-    _skip = _frames._FrameExecStrategy(_frames._FrameAction.SKIP, _frames._FrameAction.DEFAULT)
-    _frames.set_code_exec_strategy(EagerDecompMode.__torch_dispatch__.__code__, _skip)
+if not _OWN_WRAPPER:  # dynamo's hook passes this frame by (it turns the hook off for the rest)
+    _set_strategy(EagerDecompMode.__torch_dispatch__.__code__, _SKIP)
