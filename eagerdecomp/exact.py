@@ -18,6 +18,8 @@ is traced.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -45,8 +47,30 @@ def _storage(t):
     return StorageWeakRef(t.untyped_storage())
 
 
-def check_devices(func, tensors) -> None:
-    devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
+@functools.lru_cache(maxsize=None)
+def _indices_at(func) -> int | None:
+    """Position of ``func``'s ``Tensor?[] indices`` argument, or None."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "indices" and str(a.type) == "List[Optional[Tensor]]":
+            return i
+    return None
+
+
+def _cpu_indices(func, args, kwargs) -> set:
+    # NOTE: eager lets index tensors stay on the CPU whatever device the indexed tensor is on
+    # (x_cuda[idx_cpu] = v; SAM's relative positions on a device): the schema's `Tensor?[] indices`
+    i = _indices_at(func)
+    if i is None:
+        return set()
+    indices = args[i] if i < len(args) else (kwargs or {}).get("indices", ())
+    return {id(t) for t in indices or () if isinstance(t, torch.Tensor) and t.device.type == "cpu"}
+
+
+def check_devices(func, tensors, args=(), kwargs=None) -> None:
+    """Raise :class:`DeviceMismatchError` where eager would: tensors on two devices, except
+    0-dim CPU tensors and CPU index tensors (as eager allows them)."""
+    cpu_ok = _cpu_indices(func, args, kwargs) if isinstance(func, torch._ops.OpOverload) else set()
+    devices = {t.device for t in tensors if not (t.device.type == "cpu" and (t.dim() == 0 or id(t) in cpu_ok))}
     if len(devices) > 1:
         raise DeviceMismatchError(
             f"{func}: expected all tensor arguments on one device (0-dim CPU tensors excepted), "

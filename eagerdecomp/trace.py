@@ -130,7 +130,7 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     :class:`LiftRefused` when its lifted floats change the graph, and
     :class:`UnsupportedOpError` when it has no path to ``opset``.
     """
-    check_devices(func, tensors)
+    check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
         ref = reference(func, args, kwargs)
         if not lifted:
@@ -155,7 +155,7 @@ def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, l
     Raises :class:`NotGeneric` (or any error :func:`trace` raises) when it cannot make
     one: the caller then traces an exact-shape kernel.
     """
-    check_devices(func, tensors)
+    check_devices(func, tensors, args, kwargs)
     try:
         return _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths)
     except (NotGeneric, Bypass, UnsupportedOpError, MismatchError, TraceError, LiftRefused):

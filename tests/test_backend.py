@@ -80,6 +80,19 @@ def test_device_rejects_cpu_operands_like_a_real_device(enabled):
     assert_same(torch.ones(3).index_select(0, torch.tensor([0, 2])), d[torch.tensor([0, 2])])  # CPU indices too
 
 
+def test_decomposed_index_ops_take_cpu_indices_like_eager(enabled):
+    # SAM's relative positions index device tensors with CPU aranges: eager allows CPU indices
+    # on any device, so a decomposed index_put_ must too (found by `make zoo DEVICE=edref`)
+    idx = torch.tensor([0, 2, 2])
+    cpu, dev = torch.zeros(6, 4), torch.zeros(6, 4, device=DEV)
+    out = dev.index_put_((idx,), torch.ones(3, 4, device=DEV), accumulate=True)
+    assert out is dev
+    assert_same(cpu.index_put_((idx,), torch.ones(3, 4), accumulate=True), dev)
+    # a CPU tensor that is not an index is still refused, as a device refuses it
+    with pytest.raises(ed.DeviceMismatchError, match="index_put_"):
+        dev.index_put_((idx.to(DEV),), torch.ones(3, 4), accumulate=True)
+
+
 def test_demo_model_fails_without_eagerdecomp(disabled):
     model = TransformerBlock(dropout=0.0).to(DEV)
     x, y = TransformerBlock.batch(device=DEV)
