@@ -17,6 +17,7 @@ and we get off at the first one the backend serves.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Iterable
 
@@ -39,10 +40,15 @@ def _torch_core_table() -> Table:
     return dict(post_autograd() if post_autograd else d.core_aten_decompositions())
 
 
+# NOTE: the tables below are functions of the dispatcher's aten overloads alone (read once) and
+# cost about 15 ms to build: made once per process, not once per mode (a mode made per call
+# paid them every time). Callers only copy from them.
+@functools.lru_cache(maxsize=None)
 def _prims_to_aten() -> Table:
     return {op: op.impl_aten for op in overloads("prims") if getattr(op, "impl_aten", None) is not None}
 
 
+@functools.lru_cache(maxsize=None)
 def _refs_by_name() -> Table:
     """aten overload -> ``torch._refs`` function of the same name, for prims targets.
 
@@ -67,6 +73,11 @@ def _refs_by_name() -> Table:
     return table
 
 
+@functools.lru_cache(maxsize=None)
+def _derived(make) -> Table:
+    return make(overloads("aten"))
+
+
 def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
     import torch._decomp as d
@@ -75,9 +86,9 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         importlib.import_module(f".{name}", __package__)
 
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
-    table: Table = {} if prefers_aten else _refs_by_name()
+    table: Table = {} if prefers_aten else dict(_refs_by_name())
     table.update(d.decomposition_table)
-    table.update(foreach_table(overloads("aten")))
+    table.update(_derived(foreach_table))
     if prefers_aten:
         # NOTE: refs express in-place/out= ops and many others with prims, which run in
         # Python in eager; aten-based rules win, and prims left over lower through impl_aten.
@@ -87,7 +98,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # (register_inplace): those copy_ the result back without eager's checks, so an int
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
         # The refs a prims opset uses check through their out= wrapper.
-        table.update(variant_table(overloads("aten")))
+        table.update(_derived(variant_table))
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)
