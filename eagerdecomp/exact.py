@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import DeviceMismatchError, MismatchError
@@ -113,17 +114,21 @@ def fakes_like(mode, tensors, layouts=None) -> list:
     """
     memo: dict = {}
     out = []
-    with mode:
+    with _disable_current_modes():  # the meta tensors below are ours: no mode may see them
         for j, t in enumerate(tensors):
             f = memo.get(id(t))
             if f is None:
                 sizes, strides, offset = layouts[j] if layouts is not None else (t.shape, t.stride(), t.storage_offset())
                 if t.storage_offset() == 0 and _dense(t.shape, t.stride()):
-                    f = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+                    # NOTE: a meta tensor wrapped as FakeTensorMode wraps a factory's output, without
+                    # dispatching empty_strided through the mode: 12x cheaper (2.5x with symbols)
+                    meta = torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta")
+                    f = FakeTensor(mode, meta, t.device)
                 else:
                     extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
-                    base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
-                    f = base.as_strided(sizes, strides, offset)
+                    with mode:  # a view, as eager's tensor is one (its _base set by the mode)
+                        base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
+                        f = base.as_strided(sizes, strides, offset)
                 memo[id(t)] = f
             out.append(f)
     return out
