@@ -115,6 +115,24 @@ def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.logical_not.default(close)))))
 
 
+# NOTE: forward-mode AD (torch.func.jvp, jacfwd) asks these of tangents and their views. They
+# read storage metadata that no key holds (its size, its identity) and compute nothing; a call
+# whose result is not a tensor is decomposed on every call, never traced (Runtime._route_for).
+@project_decomposition(aten._has_same_storage_numel.default)
+def has_same_storage_numel(self, other):
+    return self.untyped_storage().nbytes() // self.element_size() == other.untyped_storage().nbytes() // other.element_size()
+
+
+@project_decomposition(aten.is_set_to.default)
+def is_set_to(self, tensor):
+    return (
+        self.untyped_storage()._cdata == tensor.untyped_storage()._cdata
+        and self.storage_offset() == tensor.storage_offset()
+        and self.shape == tensor.shape
+        and self.stride() == tensor.stride()
+    )
+
+
 # NOTE: the refs lower these through prims whose aten implementation is the op itself
 # (a cycle). Both are exact in core ops: NaN loses to a number, as fmax/fmin specify.
 def _nan_ignoring(pick, self, other):

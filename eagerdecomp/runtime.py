@@ -19,6 +19,7 @@ from .key import Bypass, make_key
 from . import routes
 from .lower import Lowerer, Stuck
 from .opset import OpSet, resolve_op
+from .schema import returns_tensor
 from .replay import Kernel
 from .registry import version as table_version
 from .stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
@@ -101,6 +102,10 @@ class Runtime:
             if tag in func.tags:
                 log.info("%s: decomposed eagerly on every call (%s)", func, reason)
                 return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
+        if func._schema.returns and not returns_tensor(func):
+            # NOTE: a Python value (bool, int...) that a kernel would bake in, right only when all
+            # it reads is in the key; storage sizes and identities (is_set_to) are not
+            return lambda f, a, k: self.bypass(f, a, k, "non-tensor output")
         if self.native is None or self.serves_device:  # (the device's C++ fallback asked already)
             return self._decompose
         call, counts, miss, slow = self.native.call, self.native_counts, native.MISS, self._decompose

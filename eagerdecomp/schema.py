@@ -21,7 +21,7 @@ from typing import Union
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace"]
+__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor"]
 
 
 def op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
@@ -66,6 +66,12 @@ def written(op: OpOverload) -> tuple:
 def out_args(op: OpOverload) -> tuple:
     """Names of ``op``'s out= arguments: the keyword-only arguments it writes."""
     return tuple(a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+
+
+@functools.lru_cache(maxsize=None)
+def returns_tensor(op: OpOverload) -> bool:
+    """Whether any of ``op``'s results is a tensor (or a list of them); ``is_set_to`` returns a bool."""
+    return any("Tensor" in str(r.type) for r in op._schema.returns)
 
 
 def is_out(op: OpOverload) -> bool:
