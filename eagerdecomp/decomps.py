@@ -115,6 +115,13 @@ def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.logical_not.default(close)))))
 
 
+# NOTE: PyTorch's decomposition is view + clone, which refuses an input that view cannot
+# reshape (a transposed one); eager's copies whatever the layout, into a contiguous result.
+@project_decomposition(aten.view_copy.default)
+def view_copy(self, size):
+    return aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), size)
+
+
 # NOTE: forward-mode AD (torch.func.jvp, jacfwd) asks these of tangents and their views. They
 # read storage metadata that no key holds (its size, its identity) and compute nothing; a call
 # whose result is not a tensor is decomposed on every call, never traced (Runtime._route_for).

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import DeviceMismatchError, MismatchError
 from .lower import _IDENTITY
 from .quiet import quiet
+from .schema import out_args, resizes_like_tensor_iterator
 
 __all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "swap_tensors", "flat_tensors"]
 
@@ -155,6 +156,8 @@ def reference(func, args, kwargs, mode=None, fakes=None):
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
+    like_iterator = resizes_like_tensor_iterator(func)
+    before = [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)] if like_iterator else ()
     try:
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
@@ -164,7 +167,31 @@ def reference(func, args, kwargs, mode=None, fakes=None):
     if func in _META_LAYOUT_FIXES:
         with mode:
             outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
+    if like_iterator and len(before) == len(outs) == 1 and before[0] != outs[0].shape:
+        outs = [_iterator_strides(func, fargs, fkwargs, outs[0], mode)]
     return _Ref(outs, fakes)
+
+
+def _iterator_strides(func, fargs, fkwargs, out, mode):
+    """A resized out= tensor as a TensorIterator kernel leaves it: with the strides of the
+    functional op's result. NOTE: the meta kernels resize it contiguous; eager's do not."""
+    from .variants import functional_variant
+
+    functional = functional_variant(func)
+    if functional is None:
+        return out
+    kwargs = {k: v for k, v in fkwargs.items() if k not in out_args(func)}
+    try:
+        with quiet(), mode:
+            result = functional(*fargs, **kwargs)
+    except Exception:  # noqa: BLE001 - keep the meta kernel's answer
+        return out
+    if not isinstance(result, torch.Tensor) or result.shape != out.shape:
+        return out
+    if not _dense(result.shape, result.stride()):
+        return out  # (a TensorIterator's output is dense; a meta kernel that kept a strided input's strides is not it)
+    with mode:
+        return out.as_strided(out.shape, result.stride(), out.storage_offset())
 
 
 def _input_layout(out, args):
@@ -172,10 +199,63 @@ def _input_layout(out, args):
     return out.contiguous(memory_format=layout)
 
 
-# NOTE: meta kernels whose strides are not eager's (found by the conformance suite); the
-# reference is what the trace restrides to, so it must be eager's layout.
+def _suggested_layout(out, args):
+    # NOTE: the kernel allocates its output as its input suggests (channels-last stays
+    # channels-last, anything else becomes contiguous); the meta kernel keeps the input's
+    # strides. Outputs of another rank (batch norm's saved statistics) are left alone.
+    if out.dim() != args[0].dim():
+        return out
+    return out.contiguous(memory_format=torch._prims_common.suggest_memory_format(args[0]))
+
+
+def _cpu_suggested_layout(out, args):
+    return _suggested_layout(out, args) if args[0].device.type == "cpu" else out
+
+
+def _pointwise_layout(out, args):
+    # NOTE: the kernel is one TensorIterator over its two tensor inputs (grad * mask * scale),
+    # whose output follows their strides; the meta kernel makes a contiguous one
+    return aten.mul.Tensor(args[0], args[1]).to(out.dtype)
+
+
+def _cpu_contiguous(out, args):
+    # NOTE: the CPU kernel allocates contiguous outputs whatever the input's layout
+    return out.contiguous() if args[0].device.type == "cpu" else out
+
+
+def _cpu_roll_layout(out, args):
+    # NOTE: the CPU kernel rolls one dimension at a time as narrow + cat, and cat keeps a
+    # channels-last input channels-last (an empty input is cloned as it is laid out); the
+    # meta kernel, like CUDA's, makes a contiguous result. No dims: a flattened roll, contiguous.
+    x, shifts, dims = args[0], args[1], (args[2] if len(args) > 2 else ())
+    if x.device.type != "cpu" or not dims:
+        return out
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    for shift, d in zip(shifts, dims):
+        n = x.shape[d]
+        start = (n - shift) % n
+        x = torch.cat([x.narrow(d, start, n - start), x.narrow(d, 0, start)], d)
+    return x
+
+
+# NOTE: meta kernels whose strides are not eager's (found by the conformance suite and a layout
+# fuzzer); the reference is what the trace restrides to, so it must be eager's layout.
 _META_LAYOUT_FIXES = {
     aten.max_unpool2d.default: _input_layout,  # eager keeps a channels-last input channels-last
+    aten.roll.default: _cpu_roll_layout,
+    aten.log_sigmoid_forward.default: _cpu_contiguous,
+    aten.native_dropout_backward.default: _pointwise_layout,
+    aten.channel_shuffle.default: _cpu_suggested_layout,  # (other devices: a composite of views)
+    **dict.fromkeys(
+        [
+            aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+            aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit_no_training.default,
+            aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default,
+            aten._batch_norm_no_update.default,
+        ],
+        _suggested_layout,
+    ),
 }
 
 
@@ -264,6 +344,11 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
             src = _arg_by_name(schema, fargs, fkwargs, name)
             if is_write and o is not src:
                 raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
+            if is_write and resizes_like_tensor_iterator(func) and isinstance(r, torch.Tensor) and o.numel() > 1 and not _same_view(r, o):
+                # NOTE: an out= tensor that eager resized takes the strides its kernel computes
+                # (a column-major input gives a column-major out): written again in that layout
+                o = _restride_written(emitter, o, r)
+                fixups.append("restride out")
             if not is_write and isinstance(src, torch.Tensor):
                 if o is src and func not in _IDENTITY:
                     o, _ = emitter(aten.alias.default, (o,), {}), fixups.append("alias")
@@ -289,6 +374,13 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
         nodes.append(emitter.node(o))
         finals.append(o)
     return nodes
+
+
+def _restride_written(emitter, o, r):
+    """``o`` (a written input, already holding the result) given ``r``'s strides, values kept."""
+    values = emitter(aten.clone.default, (o,), {})
+    o = emitter(aten.as_strided_.default, (o, list(r.shape), list(r.stride()), r.storage_offset()), {})
+    return emitter(aten.copy_.default, (o, values), {})
 
 
 def unalias(func, args, kwargs, out):

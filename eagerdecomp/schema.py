@@ -21,7 +21,7 @@ from typing import Union
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor"]
+__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor", "resizes_like_tensor_iterator"]
 
 
 def op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
@@ -72,6 +72,36 @@ def out_args(op: OpOverload) -> tuple:
 def returns_tensor(op: OpOverload) -> bool:
     """Whether any of ``op``'s results is a tensor (or a list of them); ``is_set_to`` returns a bool."""
     return any("Tensor" in str(r.type) for r in op._schema.returns)
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_iterator_outs() -> frozenset:
+    """``"add.out"``-style names of the out= overloads whose kernel is a TensorIterator, read
+    from the ``native_functions.yaml`` that torch ships in ``torchgen`` (empty if it is absent)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("torchgen")
+    path = pathlib.Path(spec.origin).parent / "packaged/ATen/native/native_functions.yaml" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        return frozenset()
+    names, current = set(), None
+    for line in path.read_text().splitlines():
+        if line.startswith("- func:"):
+            current = line.split(":", 1)[1].strip().split("(", 1)[0]
+        elif current and line.strip() == "structured_inherits: TensorIteratorBase":
+            names.add(current)
+    return frozenset(n for n in names if "." in n)
+
+
+@functools.lru_cache(maxsize=None)
+def resizes_like_tensor_iterator(op: OpOverload) -> bool:
+    """An out= overload whose kernel, when it resizes ``out``, gives it the strides its
+    TensorIterator computes from the inputs (a column-major input makes a column-major out),
+    as the functional op's result has them. Other kernels resize ``out`` contiguous."""
+    # NOTE: pointwise ops' kernels are TensorIterators too, declared structured or not (abs.out)
+    name = f"{op._schema.name.split('::')[-1]}.{op._schema.overload_name}"
+    return name in _tensor_iterator_outs() or (torch.Tag.pointwise in op.tags and is_out(op))
 
 
 def is_out(op: OpOverload) -> bool:
