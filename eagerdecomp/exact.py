@@ -194,11 +194,6 @@ def _iterator_strides(func, fargs, fkwargs, out, mode):
         return out.as_strided(out.shape, result.stride(), out.storage_offset())
 
 
-def _input_layout(out, args):
-    layout = torch._prims_common.suggest_memory_format(args[0]) if args[0].dim() == 4 else torch.contiguous_format
-    return out.contiguous(memory_format=layout)
-
-
 def _suggested_layout(out, args):
     # NOTE: the kernel allocates its output as its input suggests (channels-last stays
     # channels-last, anything else becomes contiguous); the meta kernel keeps the input's
@@ -242,7 +237,7 @@ def _cpu_roll_layout(out, args):
 # NOTE: meta kernels whose strides are not eager's (found by the conformance suite and a layout
 # fuzzer); the reference is what the trace restrides to, so it must be eager's layout.
 _META_LAYOUT_FIXES = {
-    aten.max_unpool2d.default: _input_layout,  # eager keeps a channels-last input channels-last
+    aten.max_unpool2d.default: _suggested_layout,  # eager keeps a channels-last input channels-last
     aten.roll.default: _cpu_roll_layout,
     aten.log_sigmoid_forward.default: _cpu_contiguous,
     aten.native_dropout_backward.default: _pointwise_layout,
