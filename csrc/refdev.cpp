@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -103,6 +104,29 @@ void copy_view_metadata(c10::TensorImpl* dst, const at::Tensor& src) {
   dst->_set_neg(src.is_neg());
 }
 
+// A map from storage to V for the few storages one call touches: a linear scan of an
+// inline array, because hash maps cost an allocation per entry on every forwarded call.
+template <class V>
+class StorageMap {
+ public:
+  V* find(const c10::StorageImpl* k) {
+    for (auto& [key, value] : items_)
+      if (key == k) return &value;
+    return nullptr;
+  }
+  V& operator[](c10::StorageImpl* k) {
+    if (V* v = find(k)) return *v;
+    items_.emplace_back(k, V{});
+    return items_.back().second;
+  }
+  void emplace(c10::StorageImpl* k, V v) { items_.emplace_back(k, std::move(v)); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+
+ private:
+  c10::SmallVector<std::pair<c10::StorageImpl*, V>, 4> items_;
+};
+
 // One forwarded call: the device<->host storage maps, so every alias of one device
 // storage is one host storage for the CPU kernel, and back.
 class Call {
@@ -192,8 +216,7 @@ class Call {
  private:
   c10::Storage host_storage(const c10::Storage& dev) {
     auto* d = dev.unsafeGetStorageImpl();
-    auto it = to_host_.find(d);
-    if (it != to_host_.end()) return c10::Storage(it->second);
+    if (auto* host = to_host_.find(d)) return c10::Storage(*host);
     // NOTE: the host storage does not own the memory; resizable with the CPU allocator
     // so a CPU resize can reallocate it (sync_resized moves the result back).
     auto host = c10::make_intrusive<c10::StorageImpl>(
@@ -206,7 +229,7 @@ class Call {
 
   at::Tensor host_tensor(const at::Tensor& t) {
     if (!is_device(t)) {
-      if (t.defined() && t.has_storage()) host_inputs_.insert(t.storage().unsafeGetStorageImpl());
+      if (t.defined() && t.has_storage()) host_inputs_[t.storage().unsafeGetStorageImpl()] = true;
       if (t.defined() && t.dim() > 0 && !host_operand_.defined()) host_operand_ = t;
       return t;
     }
@@ -223,8 +246,7 @@ class Call {
   // The device storage for a host storage: the one it wraps, or a new one adopting a
   // fresh host allocation (its memory stolen when only the outputs own it, else copied).
   c10::Storage device_storage(c10::StorageImpl* host, bool steal) {
-    auto it = to_dev_.find(host);
-    if (it != to_dev_.end()) return it->second;
+    if (auto* dev = to_dev_.find(host)) return *dev;
     size_t n = host->nbytes();
     c10::intrusive_ptr<c10::StorageImpl> dev;
     if (steal) {
@@ -246,9 +268,10 @@ class Call {
   at::Tensor device_tensor(const at::Tensor& h) {
     if (!h.defined() || h.device().type() != c10::kCPU || !h.has_storage()) return h;
     auto* s = h.storage().unsafeGetStorageImpl();
-    bool ours = to_dev_.count(s) > 0;
-    if (!ours && (host_outputs_ || host_inputs_.count(s))) return h;  // a host tensor, rightly
-    bool steal = !ours && c10::raw::intrusive_ptr::use_count(s) <= static_cast<size_t>(output_refs_[s]);
+    bool ours = to_dev_.find(s) != nullptr;
+    if (!ours && (host_outputs_ || host_inputs_.find(s))) return h;  // a host tensor, rightly
+    const int64_t* refs = output_refs_.find(s);
+    bool steal = !ours && c10::raw::intrusive_ptr::use_count(s) <= static_cast<size_t>(refs ? *refs : 0);
     auto out = at::detail::make_tensor<c10::TensorImpl>(
         device_storage(s, steal), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), h.dtype());
     copy_view_metadata(out.unsafeGetTensorImpl(), h);
@@ -264,10 +287,10 @@ class Call {
 
   bool saw_device_ = false;
   at::Tensor host_operand_;
-  std::unordered_map<c10::StorageImpl*, c10::intrusive_ptr<c10::StorageImpl>> to_host_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> to_dev_;
-  std::unordered_set<c10::StorageImpl*> host_inputs_;
-  std::unordered_map<c10::StorageImpl*, int64_t> output_refs_;
+  StorageMap<c10::intrusive_ptr<c10::StorageImpl>> to_host_;
+  StorageMap<c10::Storage> to_dev_;
+  StorageMap<bool> host_inputs_;
+  StorageMap<int64_t> output_refs_;
   bool host_outputs_ = false;
 };
 
@@ -289,8 +312,8 @@ void forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   auto first = stack->end() - static_cast<std::ptrdiff_t>(nargs);
-  std::vector<c10::IValue> original(first, stack->end());
-  std::vector<c10::IValue> host(nargs);
+  c10::SmallVector<c10::IValue, 8> original(first, stack->end());
+  c10::SmallVector<c10::IValue, 8> host(nargs);
   Call call;
   for (size_t i = 0; i < nargs; ++i) host[i] = call.to_host(original[i]);
   call.check_devices(op);
