@@ -19,6 +19,7 @@ is traced.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -31,7 +32,7 @@ from .lower import _IDENTITY
 from .quiet import quiet
 from .schema import out_args, resizes_like_tensor_iterator
 
-__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "swap_tensors", "flat_tensors"]
+__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "flat_tensors"]
 
 aten = torch.ops.aten
 
@@ -105,13 +106,31 @@ def new_fake_mode(shape_env=None) -> FakeTensorMode:
     return mode
 
 
+_local = threading.local()
+
+
+def concrete_fake_mode() -> FakeTensorMode:
+    """This thread's fake mode for references at concrete sizes, made once.
+
+    NOTE: FakeTensorMode() records the stack it is made on, which costs a third of a
+    reference in a deep program (a model's forward under ``generate()``). Only fakes made by
+    :func:`fakes_like` may use it: ``from_tensor`` memoizes real tensors in the mode.
+    """
+    mode = getattr(_local, "mode", None)
+    if mode is None:
+        mode = _local.mode = new_fake_mode()
+    return mode
+
+
 def fakes_like(mode, tensors, layouts=None) -> list:
     """Fakes of ``tensors`` (key order; one fake per object) with ``layouts`` (``(sizes,
     strides, offset)`` per tensor, symbolic or not; default: the tensors' own).
 
     NOTE: built from sizes and strides, not ``from_tensor`` (a third of a reference's cost),
     so only for calls whose distinct tensors share no memory, without conj/neg bits: what
-    a shape family admits. A strided or offset tensor is a view of a storage just long enough.
+    a shape family admits. A strided or offset tensor views a storage just long enough.
+    Each is a meta tensor wrapped as FakeTensorMode wraps a factory's output, without
+    dispatching through the mode (12x cheaper; 2.5x with symbolic sizes).
     """
     memo: dict = {}
     out = []
@@ -121,16 +140,11 @@ def fakes_like(mode, tensors, layouts=None) -> list:
             if f is None:
                 sizes, strides, offset = layouts[j] if layouts is not None else (t.shape, t.stride(), t.storage_offset())
                 if t.storage_offset() == 0 and _dense(t.shape, t.stride()):
-                    # NOTE: a meta tensor wrapped as FakeTensorMode wraps a factory's output, without
-                    # dispatching empty_strided through the mode: 12x cheaper (2.5x with symbols)
                     meta = torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta")
-                    f = FakeTensor(mode, meta, t.device)
                 else:
                     extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides))
-                    with mode:  # a view, as eager's tensor is one (its _base set by the mode)
-                        base = torch.empty_strided((extent,), (1,), dtype=t.dtype, device=t.device)
-                        f = base.as_strided(sizes, strides, offset)
-                memo[id(t)] = f
+                    meta = torch.empty((extent,), dtype=t.dtype, device="meta").as_strided(sizes, strides, offset)
+                f = memo[id(t)] = FakeTensor(mode, meta, t.device)
             out.append(f)
     return out
 

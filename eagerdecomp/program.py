@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import functools
 import operator
 
 import torch
@@ -74,6 +75,7 @@ _SEQUENCES = {tuple, list, collections.namedtuple, getattr(pytree, "structseq", 
 _RULES = {"internal": 1, "partial": 2, "any": 4}  # csrc/hit.cpp's overlap check reads these bits
 
 
+@functools.lru_cache(maxsize=None)  # one entry per aten overload a kernel calls
 def _returns(op) -> str:
     """``"tensors"`` (n Tensor returns), ``"list"`` (one Tensor[]), or why not."""
     kinds = {str(r.type) for r in op._schema.returns}

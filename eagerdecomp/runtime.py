@@ -29,7 +29,7 @@ from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from .family import enabled as family_enabled
 from .symbolic import NotGeneric
-from .exact import fakes_like, new_fake_mode, reference, same_strides
+from .exact import concrete_fake_mode, fakes_like, reference, same_strides
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
@@ -247,7 +247,7 @@ class Runtime:
         def ref():
             if not eager:
                 with _disable_current_modes():
-                    mode = new_fake_mode()
+                    mode = concrete_fake_mode()
                     eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors)))
             return eager[0]
 
