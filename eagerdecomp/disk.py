@@ -20,6 +20,11 @@ readers see a whole old entry or a whole new one, never a part, and two processe
 writing at once leave one valid entry. An entry that cannot be read (corrupt,
 truncated, written by an older format) is ignored with one warning per process,
 removed, and rebuilt by tracing. ``EAGERDECOMP_DISK_CACHE=0`` turns the disk off.
+
+Size. Shapes that change every call (a growing KV cache) write an entry per new exact key,
+so the cache is bounded: at exit, a process that wrote entries keeps the newest
+:data:`MAX_ENTRIES` files of its folder (``EAGERDECOMP_DISK_ENTRIES``), removing the
+oldest written down to three quarters of that. A removed entry is a miss, traced again.
 """
 
 from __future__ import annotations
@@ -229,6 +234,7 @@ class Store:
         self._loaded = cachetools.LRUCache(maxsize=4096)  # kernel id -> Kernel read from disk
         self._ids = cachetools.LRUCache(maxsize=4096)  # id(Kernel) -> (Kernel, kernel id)
         self._new_programs: set = set()  # library builds this process wrote programs for
+        self._wrote = False  # whether this process wrote entries (checked against the bound at exit)
         _STORES.add(self)
 
     def _path(self, text: str, folder: Path | None = None) -> Path:
@@ -281,6 +287,7 @@ class Store:
                 with os.fdopen(fd, "wb") as f:
                     f.write(payload)
                 os.replace(tmp, path)  # atomic: readers see the old entry or this one
+                self._wrote = True
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -393,8 +400,35 @@ class Store:
         for lib in libs:
             self.load_programs(lib, pack=True)
 
+    def prune(self, limit: int | None = None) -> int:
+        """Past ``limit`` entry files (default :data:`MAX_ENTRIES`), remove the oldest written
+        down to three quarters of it; returns how many were removed."""
+        limit = MAX_ENTRIES if limit is None else limit
+        try:
+            entries = [e for e in os.scandir(self.folder) if e.name.endswith(".pkl") and not e.name.startswith(".")]
+        except OSError:
+            return 0
+        if len(entries) <= limit:
+            return 0
+        dated = []
+        for e in entries:
+            try:
+                dated.append((e.stat().st_mtime_ns, e.path))
+            except OSError:  # removed meanwhile (another process pruning)
+                pass
+        dated.sort()
+        removed = 0
+        for _, path in dated[: len(dated) - limit * 3 // 4]:
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
 
 MAX_PROGRAMS = 4096  # programs kept per library build and fingerprint (the newest)
+MAX_ENTRIES = int(os.environ.get("EAGERDECOMP_DISK_ENTRIES", "32768"))  # entry files per fingerprint
 _STORES: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
 
@@ -403,6 +437,8 @@ def _pack_at_exit() -> None:
     for store in list(_STORES):
         try:
             store.pack_programs()
+            if store._wrote:
+                store.prune()
         except Exception:  # noqa: BLE001 - the loose files stay; the next process reads them
             pass
 

@@ -312,3 +312,24 @@ def test_the_device_switch_preloads_its_programs(on_disk):
     assert ed.cache_info().preloaded >= 1
     # the first call is a Python miss that reads the disk (installing the programs), the next a C++ hit
     assert row2.traces == 0
+
+
+def test_the_cache_is_bounded_keeping_the_newest(on_disk):
+    store = disk.store_for(ed.OpSet.coerce("core_aten"), {})
+    for i in range(12):
+        store._write(f"entry {i}", "key", lambda: "kernel id")
+        os.utime(store._path(f"entry {i}"), ns=(i * 10**9, i * 10**9))  # written one second apart
+    assert store.prune(limit=12) == 0
+    assert store.prune(limit=8) == 6  # down to 3/4 of the limit
+    kept = {p.name for p in store.folder.glob("*.pkl")}
+    assert kept == {store._path(f"entry {i}").name for i in range(6, 12)}
+    assert store._read("entry 11", "key") == "kernel id" and store._read("entry 0", "key") is None
+
+
+def test_a_pruned_entry_is_traced_again(on_disk, kernels_only):
+    _work()
+    store = disk.store_for(ed.OpSet.coerce("core_aten"), {})
+    assert store.prune(limit=0) > 0 and not list(store.folder.glob("*.pkl"))
+    ed.cache_clear()  # memory only: the disk has nothing left either
+    row = _work()
+    assert row.traces >= 1 and row.loaded == 0
