@@ -5,7 +5,9 @@
 For the demo TransformerBlock and SmallCNN (forward, cross-entropy, backward, AdamW):
 CPU native; CPU under EagerDecompMode("core_aten"); edref (core ATen kernels that run
 the CPU kernel on host memory) with ``eagerdecomp.backend.enable``. Steps alternate
-between the three in one run; medians of the steady state (first step excluded: it traces).
+between the three in one run (one thread unless ``--threads``); medians of the steady state
+(first step excluded: it traces), and the ratios as medians of each step's own ratio (the
+steps of one round run back to back, so a noisy machine slows both sides of a ratio alike).
 edref's own cost (re-wrapping tensors per kernel) is included: it is the price of a
 device, not of eagerdecomp, so the last column is edref with eagerdecomp vs CPU native.
 
@@ -50,7 +52,10 @@ def bench(make, dev, steps: int) -> dict:
         with ed.EagerDecompMode("core_aten"):
             times["mode"].append(_timed(lambda: train_step(models["mode"], opts["mode"], x, y)))
         times["edref"].append(_timed(lambda: train_step(models["edref"], opts["edref"], xd, yd)))
-    return {k: (v[0], statistics.median(v[1:])) for k, v in times.items()}
+    out = {k: (v[0], statistics.median(v[1:])) for k, v in times.items()}
+    for k in ("mode", "edref"):  # paired: each step's ratio to the native step just before it
+        out[k + "/native"] = statistics.median(a / b for a, b in zip(times[k][1:], times["native"][1:]))
+    return out
 
 
 def _per_call(fn, iters: int) -> float:
@@ -96,7 +101,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=9, help="rounds of the per-op hit table")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the training steps")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
     dev = reference_device()
@@ -114,7 +121,7 @@ def main() -> None:
             r = bench(make, dev, args.steps)
             n, m, d = r["native"][1], r["mode"][1], r["edref"][1]
             print(f"{name:18}{n * 1e3:>10.1f}ms{m * 1e3:>10.1f}ms{d * 1e3:>12.1f}ms{r['edref'][0] * 1e3:>9.0f}ms"
-                  f"{m / n:>12.1f}x{d / n:>13.1f}x")
+                  f"{r['mode/native']:>12.2f}x{r['edref/native']:>13.2f}x")
         print(f"\none decomposed op on edref, 64 elements, 1 thread, {args.rounds} rounds: us per call (median)")
         print(f"{'op':24}{'switch hit':>12}{'core ops':>10}{'hit - core':>12}")
         threads = torch.get_num_threads()
