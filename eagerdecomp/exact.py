@@ -32,7 +32,7 @@ from .lower import _IDENTITY
 from .quiet import quiet
 from .schema import out_args, resizes_like_tensor_iterator
 
-__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "flat_tensors"]
+__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
 
 aten = torch.ops.aten
 
@@ -202,6 +202,9 @@ def _iterator_strides(func, fargs, fkwargs, out, mode):
         return out
     if not isinstance(result, torch.Tensor) or result.shape != out.shape:
         return out
+    if functional in _META_LAYOUT_FIXES:
+        with mode:
+            result = _META_LAYOUT_FIXES[functional](result, fargs)
     if not _dense(result.shape, result.stride()):
         return out  # (a TensorIterator's output is dense; a meta kernel that kept a strided input's strides is not it)
     with mode:
@@ -222,9 +225,16 @@ def _cpu_suggested_layout(out, args):
 
 
 def _pointwise_layout(out, args):
-    # NOTE: the kernel is one TensorIterator over its two tensor inputs (grad * mask * scale),
-    # whose output follows their strides; the meta kernel makes a contiguous one
+    # NOTE: the kernel is one TensorIterator over its two tensor inputs, whose output follows
+    # their strides (the first's where they disagree), as mul's does; the Python meta kernel
+    # decides otherwise (contiguous, or the second input's layout)
     return aten.mul.Tensor(args[0], args[1]).to(out.dtype)
+
+
+def _contiguous(out, args):
+    # NOTE: the kernel (and its C++ meta) allocates a contiguous output; the Python meta
+    # kernel keeps the input's layout
+    return out.contiguous()
 
 
 def _cpu_contiguous(out, args):
@@ -254,7 +264,16 @@ _META_LAYOUT_FIXES = {
     aten.max_unpool2d.default: _suggested_layout,  # eager keeps a channels-last input channels-last
     aten.roll.default: _cpu_roll_layout,
     aten.log_sigmoid_forward.default: _cpu_contiguous,
-    aten.native_dropout_backward.default: _pointwise_layout,
+    **dict.fromkeys(
+        [
+            aten.native_dropout_backward.default, aten.copysign.Tensor, aten.floor_divide.default, aten.div.Tensor_mode,
+            aten.heaviside.default, aten.hardsigmoid_backward.default, aten.hardswish_backward.default,
+            aten.logaddexp.default, aten.logaddexp2.default, aten.xlogy.Tensor,
+            aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
+        ],
+        _pointwise_layout,
+    ),
+    **dict.fromkeys([aten.isin.Tensor_Tensor, aten.normal.Tensor_Tensor, aten.normal.float_Tensor], _contiguous),
     aten.channel_shuffle.default: _cpu_suggested_layout,  # (other devices: a composite of views)
     **dict.fromkeys(
         [
@@ -390,6 +409,39 @@ def _restride_written(emitter, o, r):
     values = emitter(aten.clone.default, (o,), {})
     o = emitter(aten.as_strided_.default, (o, list(r.shape), list(r.stride()), r.storage_offset()), {})
     return emitter(aten.copy_.default, (o, values), {})
+
+
+def layout_matters(func) -> bool:
+    """Whether the bypass path must check ``func``'s results against eager's layout: a
+    functional op's fresh outputs, and an out= that a TensorIterator kernel resizes."""
+    schema = func._schema
+    functional = not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
+    return (functional or resizes_like_tensor_iterator(func)) and any("Tensor" in str(r.type) for r in schema.returns)
+
+
+def relayout(func, args, kwargs, out, ref):
+    """On the bypass path (after :func:`unalias`): each output given eager's strides where
+    the decomposition's differ, as :func:`finish_outputs` does when tracing. ``ref`` is
+    :func:`reference` taken before the call (an out= is resized by it); None: no meta kernel."""
+    if ref is None:
+        return out
+    written = {id(t) for t in flat_tensors((), {k: v for k, v in kwargs.items() if k in out_args(func)})}
+    flat, spec = tree_flatten(out)
+    for i, o in enumerate(flat):
+        r = ref.out(i)
+        if not (isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor)) or o.layout != torch.strided:
+            continue
+        if o.shape != r.shape or o.numel() <= 1:
+            continue
+        if id(o) in written:  # a resized out=: rewritten in place at eager's strides
+            if not _same_view(r, o):
+                values = aten.clone.default(o)
+                aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
+                aten.copy_.default(o, values)
+        elif not same_strides(r, o) and not (i < len(ref.shares) and ref.shares[i]):  # (eager's views are not ours to move)
+            fresh = aten.empty_strided.default(list(r.shape), list(r.stride()), dtype=o.dtype, device=o.device)
+            flat[i] = aten.copy_.default(fresh, o)
+    return tree_unflatten(flat, spec)
 
 
 def unalias(func, args, kwargs, out):

@@ -123,39 +123,59 @@ def _dense_order(t):
     return True
 
 
-# NOTE: as_strided_scatter(self, src, size, stride, offset) is eager's clone of self (its
-# strides kept) with src copied into clone.as_strided(size, stride, offset): positions in
-# the clone's storage. Here: the storage positions offset + sum_d i_d stride_d are computed
-# (arange per dim), src is written there with index_put on the clone's storage (its flat
-# view), and the result is that storage seen with self's strides. Exact. Declined: a self
-# that is not dense (its clone's storage is not its elements in stride order), a view that
-# overlaps itself (eager's copy_ refuses it) or leaves the storage, a src of another shape.
+def _overlaps(size, stride) -> bool:
+    """Whether two index tuples of a view of ``size`` and ``stride`` reach one position."""
+    extent = 1
+    for d in sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: stride[d]):
+        if stride[d] < extent:
+            return True
+        extent = stride[d] * (size[d] - 1) + 1
+    return False
+
+
+def _positions(size, stride, offset, device):
+    """The storage position of each element of a view (``size``-shaped, int64)."""
+    pos = aten.full.default([1] * len(size), offset, dtype=torch.int64, device=device)
+    for d, (k, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = k
+        pos = aten.add.Tensor(pos, aten.view.default(aten.mul.Tensor(aten.arange.default(k, device=device), s), shape))
+    return aten.expand.default(pos, list(size))
+
+
+# NOTE: as_strided_scatter(self, src, size, stride, offset) is eager's clone of self's whole
+# storage, seen as self (its strides and storage offset), with src copied into
+# clone.as_strided(size, stride, offset): positions in that storage, counted from its start
+# (a self that overlaps itself is cloned plainly, dense, first). Here: a flat storage just
+# long enough for self, holding self's values at their positions (a dense self at offset 0:
+# its clone), src written at offset + sum_d i_d stride_d (index_put), and the result that
+# storage seen as self. Exact in values, strides and offset; only the result's storage is no
+# longer than self needs. Declined: a view that overlaps itself (eager's copy_ refuses it)
+# or reaches past what self spans, a src of another shape.
 @project_decomposition(aten.as_strided_scatter.default)
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
     offset = storage_offset or 0
     size, stride = list(size), list(stride)
-    if list(src.shape) != size or len(stride) != len(size) or not _dense_order(self) or self.numel() == 0:
+    if list(src.shape) != size or len(stride) != len(size) or self.numel() == 0 or _overlaps(size, stride):
         return NotImplemented
-    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: stride[d])
-    extent = 1
-    for d in dims:  # no two index tuples reach one position
-        if stride[d] < extent:
-            return NotImplemented
-        extent = stride[d] * (size[d] - 1) + 1
-    if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= self.numel():
+    if _overlaps(list(self.shape), list(self.stride())):
+        self = aten.clone.default(self, memory_format=torch._prims_common.suggest_memory_format(self))
+    start = self.storage_offset()
+    m = start + 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride()))
+    if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= m:
         return NotImplemented
-    n = self.numel()
-    storage = aten.as_strided.default(aten.clone.default(self), [n], [1], 0)
-    if 0 in size:
-        return aten.as_strided.default(aten.clone.default(storage), list(self.shape), list(self.stride()), 0)
-    pos = aten.full.default([1] * len(size), offset, dtype=torch.int64, device=self.device)
-    for d, (k, s) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = k
-        pos = aten.add.Tensor(pos, aten.view.default(aten.mul.Tensor(aten.arange.default(k, device=self.device), s), shape))
-    values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
-    flat = aten.index_put.default(storage, [aten.reshape.default(aten.expand.default(pos, size), [-1])], values)
-    return aten.as_strided.default(flat, list(self.shape), list(self.stride()), 0)
+    if start == 0 and _dense_order(self):
+        storage = aten.as_strided.default(aten.clone.default(self), [m], [1], 0)
+    else:
+        fresh = aten.empty.memory_format([m], dtype=self.dtype, device=self.device)
+        where = aten.reshape.default(_positions(list(self.shape), list(self.stride()), start, self.device), [-1])
+        storage = aten.index_put.default(fresh, [where], aten.reshape.default(self, [-1]))
+    if 0 not in size:
+        values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
+        storage = aten.index_put.default(storage, [aten.reshape.default(_positions(size, stride, offset, self.device), [-1])], values)
+    else:
+        storage = aten.clone.default(storage)  # (a fresh result even when nothing is written)
+    return aten.as_strided.default(storage, list(self.shape), list(self.stride()), start)
 
 
 # NOTE: nonzero_static(size, fill_value) is nonzero's [n, ndim] indices cut to `size` rows or

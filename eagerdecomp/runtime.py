@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
-from .exact import unalias
+from .exact import layout_matters, relayout, unalias
 from .observe import log, profiling, ranged
 from .lift import LiftRefused
 from .trace import trace, trace_family
@@ -345,6 +345,12 @@ class Runtime:
 
     def _lower_eagerly(self, func, args, kwargs, reason, cache):
         lowerer = Lowerer(self.opset, self.table, _call)
+        # NOTE: no kernel here, so no trace's check of the layout: eager's is read before the
+        # call (an out= is resized by it) and the results are moved to it after
+        ref = None
+        if layout_matters(func):
+            with _disable_current_modes():  # the meta kernel's calls are no mode's to see
+                ref = reference(func, args, kwargs)
         try:
             if profiling():
                 out = ranged("eager", func, lowerer.lower, func, args, kwargs)
@@ -353,7 +359,7 @@ class Runtime:
         except Stuck as e:
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
         self.stats.record(func, Route.EAGER, reason, cache)
-        return unalias(func, args, kwargs, out)
+        return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
 
     def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None):
         """No path to the opset: the composite kernel (device switch), an error, or a native run."""

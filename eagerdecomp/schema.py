@@ -89,8 +89,8 @@ def _tensor_iterator_outs() -> frozenset:
     for line in path.read_text().splitlines():
         if line.startswith("- func:"):
             current = line.split(":", 1)[1].strip().split("(", 1)[0]
-        elif current and line.strip() == "structured_inherits: TensorIteratorBase":
-            names.add(current)
+        elif current and (line.strip() == "structured_inherits: TensorIteratorBase" or "NoCheck   # TensorIterator" in line):
+            names.add(current)  # (the comment marks unstructured TensorIterator kernels: floor_divide.out)
     return frozenset(n for n in names if "." in n)
 
 
@@ -101,7 +101,7 @@ def resizes_like_tensor_iterator(op: OpOverload) -> bool:
     as the functional op's result has them. Other kernels resize ``out`` contiguous."""
     # NOTE: pointwise ops' kernels are TensorIterators too, declared structured or not (abs.out)
     name = f"{op._schema.name.split('::')[-1]}.{op._schema.overload_name}"
-    return name in _tensor_iterator_outs() or (torch.Tag.pointwise in op.tags and is_out(op))
+    return is_out(op) and (name in _tensor_iterator_outs() or torch.Tag.pointwise in op.tags)
 
 
 def is_out(op: OpOverload) -> bool:

@@ -127,6 +127,26 @@ def test_as_strided_scatter_keeps_strides():
     _check(lambda x, s: torch.as_strided_scatter(x, s, (2,), (1,), 0), torch.randn(3, 4).t(), torch.ones(2))
 
 
+@pytest.mark.parametrize(
+    "make, size, stride, offset",
+    [
+        (lambda: torch.randn(12)[2:8].view(2, 3), (2,), (1,), 3),  # positions count from the storage's start
+        (lambda: torch.randn(3, 8)[:, 1::3], (2,), (1,), 0),  # the first lands in a gap before self
+        (lambda: torch.randn(4, 10)[:, ::2], (3, 2), (2, 1), 1),  # a strided self keeps its gaps
+        (lambda: torch.randn(2, 3, 8, 5).contiguous(memory_format=torch.channels_last)[:, :, ::2], (3, 2), (2, 1), 1),
+        (lambda: torch.randn(3, 1).expand(3, 4), (2, 2), (2, 1), 0),  # overlapping: cloned dense first
+    ],
+)
+def test_as_strided_scatter_of_views(make, size, stride, offset):
+    # eager clones self's whole storage and views it as self (strides and storage offset kept)
+    x = make()
+    _check(lambda x, s: torch.as_strided_scatter(x, s, size, stride, offset), x, torch.ones(size))
+    want = torch.as_strided_scatter(x, torch.ones(size), size, stride, offset)
+    with ed.EagerDecompMode("core_aten"):
+        got = torch.as_strided_scatter(x, torch.ones(size), size, stride, offset)
+    assert got.storage_offset() == want.storage_offset()
+
+
 def _check_all(fn, *args):
     want = fn(*args)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):

@@ -73,12 +73,9 @@ EAGER_WRONG = {
 
 # NOTE: out= tensors resized from zero size by kernels that give them the inputs' layout
 # where eagerdecomp gives a contiguous one (values right, significant strides not): kernels
-# neither declared TensorIterator-structured nor tagged pointwise, and polygamma/signbit, whose
-# out= meta differs. A README known limit; only these outcomes of these OpInfos are excused.
-OUT_LAYOUT_LIMIT = frozenset({
-    "addr", "msort", "sort", "nn.functional.avg_pool2d", "signbit", "where",
-    *(f"polygamma.polygamma_n_{i}" for i in range(5)), "special.polygamma.special_polygamma_n_0",
-})
+# that native_functions.yaml marks neither as TensorIterator kernels nor pointwise. A README
+# known limit; only these outcomes of these OpInfos are excused.
+OUT_LAYOUT_LIMIT = frozenset({"addr", "sort", "nn.functional.avg_pool2d"})
 
 
 def _excused(opinfo, outcome) -> bool:
@@ -140,3 +137,51 @@ def test_native_batch_norm_out_matches_the_functional_op():
                                    out=outs[0], save_mean=outs[1], save_invstd=outs[2])
     for got, ref in zip(outs, want):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def _ti_inputs(kind):
+    """Operands whose TensorIterator layout the Python meta kernels of some ops get wrong."""
+    g = torch.Generator().manual_seed(0)
+    make = {
+        "cm": lambda: _column_major(torch.rand(10, 5, generator=g) + 0.5),
+        "c": lambda: torch.rand(10, 5, generator=g) + 0.5,
+        "0d": lambda: torch.tensor(1.5),
+        "row": lambda: torch.rand(5, generator=g) + 0.5,
+        "cl": lambda: torch.rand(2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last) + 0.5,
+    }
+    return [make[k]() for k in kind.split(",")]
+
+
+_aten = torch.ops.aten
+
+
+# NOTE: found by comparing every binary op's meta kernel with its CPU kernel at these layouts
+# (eagerdecomp/exact.py's _META_LAYOUT_FIXES); each row failed before the fix
+@pytest.mark.parametrize("op, kind, kwargs", [
+    (_aten.copysign.Tensor, "cm,row", {}), (_aten.copysign.Tensor, "cl,0d", {}),
+    (_aten.floor_divide.default, "cm,row", {}), (_aten.div.Tensor_mode, "cm,row", {"rounding_mode": "floor"}),
+    (_aten.heaviside.default, "0d,cm", {}), (_aten.logaddexp.default, "0d,cm", {}), (_aten.logaddexp2.default, "row,cm", {}),
+    (_aten.xlogy.Tensor, "cm,c", {}), (_aten.xlogy.Tensor, "c,cm", {}),
+    (_aten.hardsigmoid_backward.default, "cm,c", {}), (_aten.hardswish_backward.default, "cm,c", {}),
+    (_aten.isin.Tensor_Tensor, "cm,row", {}), (_aten.igamma.default, "cm,0d", {}), (_aten.igammac.default, "cm,row", {}),
+])
+def test_tensor_iterator_layouts(op, kind, kwargs):
+    import eagerdecomp as ed
+    from eagerdecomp.testing import RecordingMode
+
+    args = _ti_inputs(kind)
+    want = op(*args, **kwargs)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = op(*args, **kwargs)
+    rec.assert_only("core_aten")
+    assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    torch.testing.assert_close(got, want, equal_nan=True)
+    out_op = {_aten.div.Tensor_mode: _aten.div.out_mode, _aten.xlogy.Tensor: _aten.xlogy.OutTensor,
+              _aten.isin.Tensor_Tensor: _aten.isin.Tensor_Tensor_out}.get(op, getattr(getattr(_aten, op._schema.name[6:]), "out", None))
+    if out_op is not None:
+        want_out, got_out = torch.empty(0, dtype=want.dtype), torch.empty(0, dtype=want.dtype)
+        out_op(*args, **kwargs, out=want_out)
+        with ed.EagerDecompMode("core_aten"):
+            out_op(*args, **kwargs, out=got_out)
+        assert got_out.stride() == want_out.stride()
+        torch.testing.assert_close(got_out, want_out, equal_nan=True)
