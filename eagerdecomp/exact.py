@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import DeviceMismatchError, MismatchError
 from .lower import _IDENTITY
 from .quiet import quiet
-from .schema import out_args, resizes_like_tensor_iterator
+from .schema import out_args, resizes_like_functional
 
 __all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
 
@@ -170,8 +170,8 @@ def reference(func, args, kwargs, mode=None, fakes=None):
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
-    like_iterator = resizes_like_tensor_iterator(func)
-    before = [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)] if like_iterator else ()
+    like_functional = resizes_like_functional(func)
+    before = [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)] if like_functional else ()
     try:
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
@@ -181,34 +181,41 @@ def reference(func, args, kwargs, mode=None, fakes=None):
     if func in _META_LAYOUT_FIXES:
         with mode:
             outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
-    if like_iterator and len(before) == len(outs) == 1 and before[0] != outs[0].shape:
-        outs = [_iterator_strides(func, fargs, fkwargs, outs[0], mode)]
+    if like_functional and len(before) == len(outs) and any(b != o.shape for b, o in zip(before, outs)):
+        outs = _functional_strides(func, fargs, fkwargs, outs, before, mode)
     return _Ref(outs, fakes)
 
 
-def _iterator_strides(func, fargs, fkwargs, out, mode):
-    """A resized out= tensor as a TensorIterator kernel leaves it: with the strides of the
-    functional op's result. NOTE: the meta kernels resize it contiguous; eager's do not."""
+def _functional_strides(func, fargs, fkwargs, outs, before, mode):
+    """Resized out= tensors as their kernels leave them (structured or TensorIterator ones):
+    with the strides of the functional op's results. NOTE: meta kernels resize them contiguous."""
     from .variants import functional_variant
 
     functional = functional_variant(func)
     if functional is None:
-        return out
+        return outs
     kwargs = {k: v for k, v in fkwargs.items() if k not in out_args(func)}
     try:
         with quiet(), mode:
-            result = functional(*fargs, **kwargs)
+            results = tree_flatten(functional(*fargs, **kwargs))[0]
     except Exception:  # noqa: BLE001 - keep the meta kernel's answer
-        return out
-    if not isinstance(result, torch.Tensor) or result.shape != out.shape:
-        return out
-    if functional in _META_LAYOUT_FIXES:
+        return outs
+    if len(results) != len(outs):
+        return outs
+    fixed = []
+    for out, shape, result in zip(outs, before, results):
+        if shape == out.shape or not isinstance(result, torch.Tensor) or result.shape != out.shape:
+            fixed.append(out)  # (not resized by this call)
+            continue
+        if functional in _META_LAYOUT_FIXES:
+            with mode:
+                result = _META_LAYOUT_FIXES[functional](result, fargs)
+        if not _dense(result.shape, result.stride()):
+            fixed.append(out)  # (eager resizes an out dense; a meta kernel that kept a strided input's strides is not it)
+            continue
         with mode:
-            result = _META_LAYOUT_FIXES[functional](result, fargs)
-    if not _dense(result.shape, result.stride()):
-        return out  # (a TensorIterator's output is dense; a meta kernel that kept a strided input's strides is not it)
-    with mode:
-        return out.as_strided(out.shape, result.stride(), out.storage_offset())
+            fixed.append(out.as_strided(out.shape, result.stride(), out.storage_offset()))
+    return fixed
 
 
 def _suggested_layout(out, args):
@@ -372,7 +379,7 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
             src = _arg_by_name(schema, fargs, fkwargs, name)
             if is_write and o is not src:
                 raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
-            if is_write and resizes_like_tensor_iterator(func) and isinstance(r, torch.Tensor) and o.numel() > 1 and not _same_view(r, o):
+            if is_write and resizes_like_functional(func) and isinstance(r, torch.Tensor) and o.numel() > 1 and not _same_view(r, o):
                 # NOTE: an out= tensor that eager resized takes the strides its kernel computes
                 # (a column-major input gives a column-major out): written again in that layout
                 o = _restride_written(emitter, o, r)
@@ -413,10 +420,10 @@ def _restride_written(emitter, o, r):
 
 def layout_matters(func) -> bool:
     """Whether the bypass path must check ``func``'s results against eager's layout: a
-    functional op's fresh outputs, and an out= that a TensorIterator kernel resizes."""
+    functional op's fresh outputs, and an out= resized as the functional op's result."""
     schema = func._schema
     functional = not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
-    return (functional or resizes_like_tensor_iterator(func)) and any("Tensor" in str(r.type) for r in schema.returns)
+    return (functional or resizes_like_functional(func)) and any("Tensor" in str(r.type) for r in schema.returns)
 
 
 def relayout(func, args, kwargs, out, ref):

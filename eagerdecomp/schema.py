@@ -21,7 +21,7 @@ from typing import Union
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor", "resizes_like_tensor_iterator"]
+__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor", "resizes_like_functional"]
 
 
 def op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
@@ -75,9 +75,12 @@ def returns_tensor(op: OpOverload) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _tensor_iterator_outs() -> frozenset:
-    """``"add.out"``-style names of the out= overloads whose kernel is a TensorIterator, read
-    from the ``native_functions.yaml`` that torch ships in ``torchgen`` (empty if it is absent)."""
+def _functional_layout_outs() -> frozenset:
+    """``"add.out"``-style names of the out= overloads that resize ``out`` as their functional
+    op allocates its result, read from the ``native_functions.yaml`` that torch ships in
+    ``torchgen`` (empty if it is absent): structured kernels (their generated ``resize_out``
+    restrides a resized out to the strides the meta function sets, the functional result's),
+    and TensorIterator kernels that are not structured (marked ``NoCheck   # TensorIterator``)."""
     import importlib.util
     import pathlib
 
@@ -89,19 +92,21 @@ def _tensor_iterator_outs() -> frozenset:
     for line in path.read_text().splitlines():
         if line.startswith("- func:"):
             current = line.split(":", 1)[1].strip().split("(", 1)[0]
-        elif current and (line.strip() == "structured_inherits: TensorIteratorBase" or "NoCheck   # TensorIterator" in line):
-            names.add(current)  # (the comment marks unstructured TensorIterator kernels: floor_divide.out)
-    return frozenset(n for n in names if "." in n)
+        elif current and (line.strip() in ("structured: True", "structured_inherits: TensorIteratorBase")
+                          or "NoCheck   # TensorIterator" in line):
+            names.add(current)
+    # NOTE: addr's kernel is a TensorIterator the yaml does not mark (found by the layouts sweep)
+    return frozenset(n for n in names if "." in n) | {"addr.out"}
 
 
 @functools.lru_cache(maxsize=None)
-def resizes_like_tensor_iterator(op: OpOverload) -> bool:
-    """An out= overload whose kernel, when it resizes ``out``, gives it the strides its
-    TensorIterator computes from the inputs (a column-major input makes a column-major out),
-    as the functional op's result has them. Other kernels resize ``out`` contiguous."""
+def resizes_like_functional(op: OpOverload) -> bool:
+    """An out= overload whose kernel, when it resizes ``out``, gives it the strides of the
+    functional op's result (a column-major input makes a column-major out). Other kernels
+    resize ``out`` contiguous."""
     # NOTE: pointwise ops' kernels are TensorIterators too, declared structured or not (abs.out)
     name = f"{op._schema.name.split('::')[-1]}.{op._schema.overload_name}"
-    return is_out(op) and (name in _tensor_iterator_outs() or torch.Tag.pointwise in op.tags)
+    return is_out(op) and (name in _functional_layout_outs() or torch.Tag.pointwise in op.tags)
 
 
 def is_out(op: OpOverload) -> bool:
