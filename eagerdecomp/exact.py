@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import DeviceMismatchError, MismatchError
 from .lower import _IDENTITY
 from .quiet import quiet
-from .schema import out_args, resizes_like_functional
+from .schema import out_args, resizes_like_functional, returns_tensor
 
 __all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
 
@@ -423,7 +423,7 @@ def layout_matters(func) -> bool:
     functional op's fresh outputs, and an out= resized as the functional op's result."""
     schema = func._schema
     functional = not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
-    return (functional or resizes_like_functional(func)) and any("Tensor" in str(r.type) for r in schema.returns)
+    return (functional or resizes_like_functional(func)) and returns_tensor(func)
 
 
 def relayout(func, args, kwargs, out, ref):
@@ -452,8 +452,8 @@ def relayout(func, args, kwargs, out, ref):
 
 
 def unalias(func, args, kwargs, out):
-    """On the bypass path (no kernel, no meta kernel to consult): a functional op's outputs
-    that share memory with an input are cloned, as :func:`finish_outputs` does when tracing.
+    """On the bypass path (no kernel): a functional op's outputs that share memory with an
+    input are cloned, as :func:`finish_outputs` does when tracing.
 
     NOTE: judged by the schema alone, so an op that returns views without saying so
     (unsafe_split) would be cloned here; such ops trace, and never take this path.
