@@ -70,9 +70,16 @@ void seal(Key& k) {
 }
 
 // eagerdecomp/lift.py's value class: None (-1) for the special values it never lifts.
+bool special(double v) {
+  return !std::isfinite(v) || v == 0.0 || v == 1.0 || v == -1.0 || v == 0.5 || v == -0.5 || v == 2.0 || v == -2.0;
+}
+
 int lift_class(double v) {
-  if (!std::isfinite(v) || v == 0.0 || v == 1.0 || v == -1.0 || v == 0.5 || v == -0.5 || v == 2.0 || v == -2.0) return -1;
-  return (v < 0 ? 2 : 0) + (std::abs(v) > 1 ? 1 : 0);
+  // a float that rounds to a special value in float32 is as special as that value (an
+  // out-of-range one rounds to inf: IEEE conversion, as Python's struct does it)
+  if (special(v) || special(static_cast<double>(static_cast<float>(v)))) return -1;
+  const double a = std::abs(v);
+  return (v < 0 ? 3 : 0) + (a < 0.5 ? 0 : a < 1 ? 1 : 2);
 }
 
 int64_t float_word(double v) {

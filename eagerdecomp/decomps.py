@@ -11,6 +11,7 @@ import itertools
 
 import torch
 
+from .lift import to_float32
 from .overlap import guard
 from .registry import project_decomposition
 from .variants import resize_out
@@ -489,3 +490,27 @@ def nonzero_out(self, *, out):
         resize_out(out, (ndim, n))
         aten.as_strided_.default(out, (n, ndim), (1, n), out.storage_offset())
     return aten.copy_.default(out, result)
+
+
+# -- cheaper paths where PyTorch's decomposition is wasteful --------------------------------------
+
+
+# NOTE: torch._refs.lerp turns a number weight into a 0-dim tensor and picks both the
+# coefficient and the base with where(): five full-size passes and five on 0-dim tensors
+# (AdamW's lerp_ runs them per parameter per step), and its separate mul and add round
+# twice. Eager's kernel picks its branch once from the weight as its dtype holds it, then
+# computes fma(coeff, end - start, base), which is add's alpha: float32 and float64 results
+# equal eager's bit for bit. The branch is a Python branch on the weight: a lifted weight
+# below 0.5 keeps one kernel (eagerdecomp.lift's bands split there for this); above, the
+# coefficient weight - 1 is a computed constant, so those keys go by value.
+@project_decomposition(aten.lerp.Scalar)
+def lerp_scalar(self, end, weight):
+    dtype = self.dtype
+    if dtype not in (torch.float32, torch.float64) or end.dtype != dtype or type(weight) not in (int, float, bool):
+        return _torch_decomposition(aten.lerp.Scalar)(self, end, weight)
+    w = to_float32(float(weight)) if dtype == torch.float32 else float(weight)
+    diff = aten.sub.Tensor(end, self)
+    if abs(w) < 0.5:
+        return aten.add.Tensor(self, diff, alpha=weight)
+    coeff = to_float32(w - 1.0) if dtype == torch.float32 else w - 1.0
+    return aten.add.Tensor(end, diff, alpha=coeff)

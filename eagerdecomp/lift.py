@@ -13,14 +13,16 @@ Lifting must never change a result, so it is earned, not assumed:
   ``Scalar[]`` arguments (AdamW's per-parameter step sizes): each element is lifted
   as a float of its own;
 * special values (0, +-1, +-0.5, +-2, nan, +-inf) are never lifted: decompositions
-  branch on them, so they keep a kernel of their own, keyed by value;
-* a value class is (sign, magnitude above 1), so range checks such as
-  ``0 <= p <= 1`` see a representative value;
+  branch on them, so they keep a kernel of their own, keyed by value; so are floats
+  that round to one in float32, the precision a float32 kernel sees them in;
+* a value class is (sign, magnitude band), the bands split at 0.5 and 1, so range
+  checks such as ``0 <= p <= 1`` see a representative value, and so do branches
+  at 0.5 (lerp's, which picks its formula by ``|weight| < 0.5``);
 * the kernel is traced twice, with stand-ins at the two far ends of the class
-  (2**-20 and 1 - 2**-20; 1 + 2**-20 and 2**20); the two graphs (code and
-  constants) must be identical once the stand-ins are inputs. A Python branch on
-  any threshold inside the class, or a value computed with into a baked
-  constant, makes them differ, and the op falls back to keys by value for good.
+  (2**-20 and 0.5 - 2**-20; 0.5 + 2**-20 and 1 - 2**-20; 1 + 2**-20 and 2**20); the
+  two graphs (code and constants) must be identical once the stand-ins are inputs.
+  A Python branch on any threshold inside the class, or a value computed with into
+  a baked constant, makes them differ, and that key falls back to keys by value.
   What remains unchecked is a branch on a threshold beyond 2**20 or below 2**-20,
   and one on two lifted values being equal (the stand-ins are all distinct).
 """
@@ -28,12 +30,13 @@ Lifting must never change a result, so it is earned, not assumed:
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
 __all__ = [
     "Lifted", "Each", "lift_positions", "wrapped_positions", "split", "with_values", "stand_ins", "same_kernel",
-    "LiftRefused", "SPECIAL",
+    "LiftRefused", "SPECIAL", "to_float32",
 ]
 
 SPECIAL = frozenset({0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0})
@@ -45,30 +48,41 @@ _LIST_TYPES = frozenset({"List[float]", "List[number]", "Optional[List[float]]",
 class Lifted:
     """Key marker for a lifted float: one singleton per value class."""
 
-    __slots__ = ("negative", "large")
+    __slots__ = ("negative", "band")
 
-    def __init__(self, negative: bool, large: bool):
-        self.negative, self.large = negative, large
+    def __init__(self, negative: bool, band: int):
+        self.negative, self.band = negative, band
 
     def __repr__(self) -> str:
-        return f"Lifted({'-' if self.negative else '+'}, {'>1' if self.large else '<1'})"
+        return f"Lifted({'-' if self.negative else '+'}, {_BAND_NAMES[self.band]})"
 
 
-_CLASSES = {(n, l): Lifted(n, l) for n in (False, True) for l in (False, True)}
+# NOTE: csrc/hit.cpp's lift_class draws the same classes; the two must agree.
+_BAND_NAMES = ("<0.5", "0.5..1", ">1")
+_CLASSES = {(n, b): Lifted(n, b) for n in (False, True) for b in range(3)}
 _TINY = 2.0**-20
 _MAX_LIFTED = 2**16  # stand-ins stay inside their class and 2**-26 apart (far from rounding)
 
 
-def _stand_in(large: bool, which: int, j: int) -> float:
+def _band(a: float) -> int:
+    """The band of a magnitude ``a`` (neither 0.5 nor 1: those are special)."""
+    return 0 if a < 0.5 else 1 if a < 1 else 2
+
+
+_ENDS = ((0.0, 0.5), (0.5, 1.0))  # the bands below 1: (low, high)
+
+
+def _stand_in(band: int, which: int, j: int) -> float:
     """Far end ``which`` of a positive class, nudged per argument ``j`` so all are distinct.
 
     Nudges run in opposite directions at the two ends, so the order of two lifted
     arguments differs between the traces too.
     """
     nudge = _TINY * (1.0 + j / 64.0)
-    if large:
+    if band == 2:
         return 1.0 + nudge if which == 0 else 2.0**20 / (1.0 + j / 64.0)
-    return nudge if which == 0 else 1.0 - nudge
+    low, high = _ENDS[band]
+    return low + nudge if which == 0 else high - nudge
 
 
 class Each:
@@ -136,7 +150,21 @@ def wrapped_positions(func) -> tuple:
 def _value_class(v) -> Lifted | None:
     if type(v) is not float or v in SPECIAL or not math.isfinite(v):
         return None
-    return _CLASSES[v < 0, abs(v) > 1]
+    r = to_float32(v)
+    if r in SPECIAL or not math.isfinite(r):
+        return None
+    return _CLASSES[v < 0, _band(abs(v))]
+
+
+def to_float32(v: float) -> float:
+    """``v`` rounded to float32 (inf past its range), as a kernel's ``Scalar.to<float>()`` rounds it."""
+    try:
+        return _F32.unpack(_F32.pack(v))[0]
+    except OverflowError:  # Pythons before 3.11 refuse to pack a value beyond float32's range
+        return math.copysign(math.inf, v)
+
+
+_F32 = struct.Struct("f")
 
 
 def _split_list(pos, seq, lifted: list):
@@ -213,7 +241,7 @@ def stand_ins(lifted: list, which: int) -> list:
         raise LiftRefused(f"{len(lifted)} lifted floats: more than their stand-ins can keep apart")
     out = []
     for j, (_, v) in enumerate(lifted):
-        s = _stand_in(abs(v) > 1, which, j)
+        s = _stand_in(_band(abs(v)), which, j)
         out.append(-s if v < 0 else s)
     return out
 

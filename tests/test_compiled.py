@@ -128,11 +128,11 @@ def test_in_place_keeps_identity_writes_and_eagers_overlap_error():
 
 def test_lifted_floats_are_compiled_per_value():
     c = Counting()
-    x, y = torch.randn(64), torch.randn(64)
+    x, y, z = torch.randn(64), torch.randn(64), torch.rand(64) + 0.5
     mode = ed.EagerDecompMode("core_aten", compile=c)
-    _calls(mode, lambda: torch.lerp(x, y, 0.3), compiled.AFTER + 3)
-    got = _calls(mode, lambda: torch.lerp(x, y, 0.7), compiled.AFTER + 3)
-    torch.testing.assert_close(got, torch.lerp(x, y, 0.7))
+    _calls(mode, lambda: torch.addcdiv(x, y, z, value=0.3), compiled.AFTER + 3)
+    got = _calls(mode, lambda: torch.addcdiv(x, y, z, value=0.2), compiled.AFTER + 3)
+    torch.testing.assert_close(got, torch.addcdiv(x, y, z, value=0.2))
     assert len(c.graphs) == 2
 
 
@@ -194,17 +194,19 @@ def test_compiled_and_declined_keys_are_served_by_the_cpp_table(monkeypatch):
 @needs_cpp
 def test_compiled_code_is_found_by_value_behind_a_lifted_float(monkeypatch):
     c = Spy()
-    x, y = torch.randn(64), torch.randn(64)
+    x, y, z = torch.randn(64), torch.randn(64), torch.rand(64) + 0.5
     mode = ed.EagerDecompMode("core_aten", compile=c)
-    for w in (0.3, 0.7):
-        _calls(mode, lambda: torch.lerp(x, y, w), compiled.AFTER + 2)
+    for w in (0.3, 0.2):
+        _calls(mode, lambda: torch.addcdiv(x, y, z, value=w), compiled.AFTER + 2)
     seen = _python_lookups(mode, monkeypatch)
     runs = c.runs
-    for w in (0.3, 0.7):
-        torch.testing.assert_close(_calls(mode, lambda: torch.lerp(x, y, w), 3), torch.lerp(x, y, w))
+    for w in (0.3, 0.2):
+        want = torch.addcdiv(x, y, z, value=w)
+        torch.testing.assert_close(_calls(mode, lambda: torch.addcdiv(x, y, z, value=w), 3), want)
     assert seen == [] and c.runs == runs + 6 and len(c.graphs) == 2
-    # a weight never compiled (the C++ key has the float's class only): back to Python, replayed
-    torch.testing.assert_close(_calls(mode, lambda: torch.lerp(x, y, 0.4), 1), torch.lerp(x, y, 0.4))
+    # a value never compiled (the C++ key has the float's class only): back to Python, replayed
+    want = torch.addcdiv(x, y, z, value=0.4)
+    torch.testing.assert_close(_calls(mode, lambda: torch.addcdiv(x, y, z, value=0.4), 1), want)
     assert len(seen) == 1 and c.runs == runs + 6
 
 
@@ -494,20 +496,20 @@ def test_inductor_code_behind_a_lifted_float_is_called_directly_per_value(monkey
     y = torch.randn(n)
     mode = ed.EagerDecompMode("core_aten", compile="inductor")
     with mode:
-        for w in (0.3, 0.7):
+        for w in (0.3, 0.2):
             for _ in range(compiled.AFTER + 2):
                 torch.randn(n).lerp_(y, w)
     flats = []
     flat = compiled.Compiled.flat
     monkeypatch.setattr(compiled.Compiled, "flat", lambda self, inputs: flats.append(1) or flat(self, inputs))
-    for w in (0.3, 0.7, 0.4):  # 0.4: never compiled, so Python answers (and counts) it
+    for w in (0.3, 0.2, 0.4):  # 0.4: never compiled, so Python answers (and counts) it
         x = torch.randn(n)
         want, version = x.clone().lerp_(y, w), x._version
         with mode:
             assert x.lerp_(y, w) is x
         torch.testing.assert_close(x, want)
         assert x._version == version + 1
-    # 0.7 answered compiled once in Python (its first call after compiling), then 0.3 and 0.7 from C++
+    # 0.2 answered compiled once in Python (its first call after compiling), then 0.3 and 0.2 from C++
     assert flats == [] and mode.report().row(aten.lerp_.Scalar).compiled == 3
 
 

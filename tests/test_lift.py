@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.lift import SPECIAL, lift_positions, split, stand_ins
+from eagerdecomp.lift import SPECIAL, _band, lift_positions, split, stand_ins
 
 aten = torch.ops.aten
 
@@ -34,8 +34,9 @@ def test_special_values_and_classes_get_their_own_kernels():
         got = [torch.addcmul(x, a, b, value=v) for v in values]
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
-    # four classes plus four special values, each one kernel
-    assert _row(m, aten.addcmul.default).traces == 8
+    # five classes (+ below 0.5, + 0.5 to 1, + above 1, - below 0.5, - above 1) plus four
+    # special values, each one kernel
+    assert _row(m, aten.addcmul.default).traces == 9
 
 
 def test_graph_that_depends_on_the_value_falls_back_to_keys_by_value():
@@ -79,11 +80,43 @@ def test_split_replaces_only_ordinary_floats():
     assert split((1,), (x, 3), {})[2] == []  # ints keep their value: they may be sizes or dims
 
 
-@pytest.mark.parametrize("v", [0.3, 3.0, -0.3, -3.0])
+@pytest.mark.parametrize("v", [0.3, 0.7, 3.0, -0.3, -0.7, -3.0])
 def test_stand_ins_stay_in_class_and_differ(v):
     lifted = [(0, v), (1, v)]
     a, b = stand_ins(lifted, 0), stand_ins(lifted, 1)
     for s in a + b:
-        assert (s < 0) == (v < 0) and (abs(s) > 1) == (abs(v) > 1) and s not in SPECIAL
+        assert (s < 0) == (v < 0) and _band(abs(s)) == _band(abs(v)) and s not in SPECIAL
     assert len(set(a + b)) == 4
     assert (a[0] < a[1]) != (b[0] < b[1])  # the order of two lifted floats differs between traces
+
+
+@pytest.mark.parametrize("v", [0.5 - 2.0**-27, -(0.5 - 2.0**-27), 1 - 2.0**-26, 1 + 2.0**-25, 2 + 2.0**-23, 1e39])
+def test_floats_that_round_to_a_special_value_in_float32_are_keyed_by_value(v):
+    # a float32 kernel sees them as the special value itself: a kernel traced for the class
+    # (at stand-ins away from the edge) need not hold for them
+    x = torch.ones(2)
+    assert split(("value",), (x,), {"value": v})[2] == []
+    assert split(("value",), (x,), {"value": 0.5 - 2.0**-20})[2] != []
+
+
+def test_float32_rounding_agrees_between_the_python_and_cpp_keys():
+    # the C++ table and Python must lift exactly the same floats, or a program would read
+    # an input its key never took
+    from eagerdecomp import native
+
+    if not native.enabled():
+        pytest.skip("the C++ hit path is off")
+    x, a, b = torch.randn(5), torch.randn(5), torch.randn(5)
+    values = (0.5 - 2.0**-27, 0.5 - 2.0**-20, 1 - 2.0**-26, 0.3, 0.3000001, 2 + 2.0**-23)
+    expected = {v: torch.addcmul(x, a, b, value=v) for v in values}
+    ed.cache_clear()
+    with ed.EagerDecompMode("core_aten") as m:
+        for v in values:
+            for _ in range(3):  # the later calls are the C++ table's
+                torch.testing.assert_close(torch.addcmul(x, a, b, value=v), expected[v], equal_nan=True)
+    # one kernel for the three ordinary floats below 0.5, one by value for each of the others;
+    # every later call served in C++ (a C++ key lifting one of the three would hit the band's
+    # kernel instead, and the misses would be fewer)
+    row = _row(m, aten.addcmul.default)
+    assert (row.misses, row.traces) == (4, 4)
+    assert row.native == 3 * len(values) - 4 and row.python_replay == []

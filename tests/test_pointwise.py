@@ -114,3 +114,28 @@ def test_factory_out(fill):
         rec.assert_only("core_aten")
         assert r is got and (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
         assert torch.equal(got, want)
+
+
+_WEIGHTS = [0.0, 0.1, 0.3, 0.5 - 2.0**-30, 0.5, 0.7, 0.9, 1.0, 1.7, -0.3, -2.5, 3, 1e-30, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [7, 64, 1000])  # a vector tail, whole vectors, both
+def test_lerp_with_a_number_weight_is_bitwise_eager(dtype, n):
+    # eager's kernel: fma(coeff, end - start, base), its branch picked by the weight as the
+    # dtype holds it; PyTorch's decomposition (where + unfused mul/add) differs by an ulp
+    g = torch.Generator().manual_seed(n)
+    a, b = torch.randn(n, dtype=dtype, generator=g), torch.randn(n, dtype=dtype, generator=g)
+    for w in _WEIGHTS:
+        _check(lambda x, y: torch.lerp(x, y, w), a, b)
+        _check(lambda x, y: x.clone().lerp_(y, w), a, b)
+    _check(lambda x, y: torch.lerp(x, y, 0.3), a[: n - 1 : 2], b[1::2])  # strided operands
+    _check(lambda x, y: torch.lerp(x, y, 0.7), a.view(1, n), b.view(n, 1)[:3])  # broadcast
+
+
+def test_lerp_with_a_number_weight_runs_two_kernels():
+    a, b = torch.randn(8), torch.randn(8)
+    for w in (0.3, 0.7):
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            torch.lerp(a, b, w)
+        assert dict(rec.ops) == {torch.ops.aten.sub.Tensor: 1, torch.ops.aten.add.Tensor: 1}
