@@ -139,3 +139,16 @@ def test_lerp_with_a_number_weight_runs_two_kernels():
         with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
             torch.lerp(a, b, w)
         assert dict(rec.ops) == {torch.ops.aten.sub.Tensor: 1, torch.ops.aten.add.Tensor: 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [7, 64, 1000])
+def test_addcdiv_is_bitwise_eager(dtype, n):
+    # eager's kernel multiplies by value before it divides (AdamW's update): so must the decomposition
+    g = torch.Generator().manual_seed(n)
+    s, a = torch.randn(n, dtype=dtype, generator=g), torch.randn(n, dtype=dtype, generator=g)
+    b = torch.rand(n, dtype=dtype, generator=g) + 0.5
+    for v in (0.3, -1e-3, 1.0, 2.5, 7, -0.75):
+        _check(lambda x, y, z: torch.addcdiv(x, y, z, value=v), s, a, b)
+        _check(lambda x, y, z: x.clone().addcdiv_(y, z, value=v), s, a, b)
+    _check(lambda x, y, z: torch.addcdiv(x, y, z, value=0.3), s.view(1, n), a.view(n, 1)[:3], b[: n - 1 : 2].view(1, -1)[:, :1])
