@@ -75,9 +75,9 @@ bool special(double v) {
 }
 
 int lift_class(double v) {
-  // a float that rounds to a special value in float32 is as special as that value (an
-  // out-of-range one rounds to inf: IEEE conversion, as Python's struct does it)
-  if (special(v) || special(static_cast<double>(static_cast<float>(v)))) return -1;
+  // a float that rounds to a special value in float32 is as special as that value (a special
+  // value rounds to itself; an out-of-range one to inf: IEEE conversion, as lift.py's)
+  if (special(static_cast<double>(static_cast<float>(v)))) return -1;
   const double a = std::abs(v);
   return (v < 0 ? 3 : 0) + (a < 0.5 ? 0 : a < 1 ? 1 : 2);
 }

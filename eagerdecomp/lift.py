@@ -148,9 +148,9 @@ def wrapped_positions(func) -> tuple:
 
 
 def _value_class(v) -> Lifted | None:
-    if type(v) is not float or v in SPECIAL or not math.isfinite(v):
+    if type(v) is not float:
         return None
-    r = to_float32(v)
+    r = to_float32(v)  # a special value rounds to itself, nan and inf too
     if r in SPECIAL or not math.isfinite(r):
         return None
     return _CLASSES[v < 0, _band(abs(v))]
@@ -160,7 +160,7 @@ def to_float32(v: float) -> float:
     """``v`` rounded to float32 (inf past its range), as a kernel's ``Scalar.to<float>()`` rounds it."""
     try:
         return _F32.unpack(_F32.pack(v))[0]
-    except OverflowError:  # Pythons before 3.11 refuse to pack a value beyond float32's range
+    except OverflowError:  # struct may refuse a value past float32's range instead of rounding it
         return math.copysign(math.inf, v)
 
 
