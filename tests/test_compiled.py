@@ -368,6 +368,29 @@ def test_inductor_fused_kernel_matches_eager():
     torch.testing.assert_close(got, want)
 
 
+def test_inductor_code_serves_only_the_layout_it_was_compiled_for():
+    # the code is compiled without Inductor's size asserts: the exact key (sizes, strides,
+    # offset) is what keeps a call from reaching code compiled for another layout
+    n = 128
+    big, flat = torch.randn(n, 2 * n), torch.randn(n * n + 1)
+    layouts = {
+        "contiguous": lambda: torch.randn(n, n),
+        "every other column": lambda: big[:, ::2],
+        "offset by one": lambda: flat[1:].view(n, n),
+        "transposed": lambda: torch.randn(n, n).t(),
+    }
+    mode = ed.EagerDecompMode("core_aten", compile="inductor")
+    for name, make in layouts.items():
+        x, y = make(), torch.randn(n, n)
+        with mode:
+            for _ in range(compiled.AFTER + 3):
+                got = F.huber_loss(x, y, reduction="none")
+        want = F.huber_loss(x, y, reduction="none")
+        assert (got.shape, got.stride()) == (want.shape, want.stride()), name
+        torch.testing.assert_close(got, want, msg=name)
+    assert mode.report().row(aten.huber_loss.default).compiled == len(layouts), mode.report()
+
+
 _SECOND = """
 import torch, eagerdecomp as ed
 from torch._dynamo.utils import counters
