@@ -79,6 +79,11 @@ def _scale(query, scale):
     return 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
 
+def _pin(*sizes) -> list:
+    """``sizes`` as ints; over symbolic sizes, each read adds a guard pinning it (see below)."""
+    return [int(n) for n in sizes]
+
+
 def _check_inputs(name, query, key, value, attn_mask=None):
     """The shapes the fused kernels define; eager's kernels check some and read out of
     bounds on others (a key/value head count that does not divide the query's)."""
@@ -94,7 +99,12 @@ def _check_inputs(name, query, key, value, attn_mask=None):
         query.shape[0] == key.shape[0] == value.shape[0],
         lambda: f"{name}: batch sizes differ: {query.shape[0]}, {key.shape[0]}, {value.shape[0]}",
     )
-    hq, hk, hv = query.shape[1], key.shape[1], value.shape[1]
+    # NOTE: head counts and head sizes are read as ints. A model's architecture fixes them;
+    # only batch and sequence lengths change from call to call. So a shape-generic kernel
+    # specializes on them (its guard pins each) and their arithmetic stays off sympy: the
+    # grouping's floor division of two symbols was about a third of a symbolic trace.
+    hq, hk, hv = _pin(query.shape[1], key.shape[1], value.shape[1])
+    _pin(query.shape[-1], key.shape[-1], value.shape[-1])
     torch._check(
         hk == hv and hk > 0 and hq % hk == 0,
         lambda: f"{name}: {hq} query heads cannot be grouped over {hk} key and {hv} value heads",
@@ -117,6 +127,7 @@ def _check_inputs(name, query, key, value, attn_mask=None):
 def _expand_heads(t, heads):
     """[B, Hkv, S, E] -> [B, heads, S, E]: query head h reads key/value head h // group."""
     b, hkv, s, e = t.shape
+    (hkv,) = _pin(hkv)  # (see _check_inputs)
     if hkv == heads:
         return t
     return t.unsqueeze(2).expand(b, hkv, heads // hkv, s, e).reshape(b, heads, s, e)
@@ -125,6 +136,7 @@ def _expand_heads(t, heads):
 def _sum_groups(grad, hkv):
     """The inverse of :func:`_expand_heads` for gradients: sum each group's heads."""
     b, heads, s, e = grad.shape
+    (heads,) = _pin(heads)
     if heads == hkv:
         return grad
     return grad.reshape(b, hkv, heads // hkv, s, e).sum(2)
@@ -147,7 +159,7 @@ def _scores(q, k, mask, is_causal, scale):
 
 
 def _operands(query, key, value):
-    acc, heads = _acc(query.dtype), query.shape[1]
+    acc, (heads,) = _acc(query.dtype), _pin(query.shape[1])
     return query.to(acc), _expand_heads(key, heads).to(acc), _expand_heads(value, heads).to(acc)
 
 
@@ -181,7 +193,7 @@ def _backward(grad_out, query, key, value, out, lse, mask, is_causal, scale):
     grad_s = probs * (grad_p - delta)
     grad_q = torch.matmul(grad_s, k) * scale
     grad_k = torch.matmul(grad_s.transpose(-2, -1), q) * scale
-    hkv = key.shape[1]
+    (hkv,) = _pin(key.shape[1])
     return (
         grad_q.to(query.dtype),
         _sum_groups(grad_k, hkv).to(key.dtype),

@@ -146,6 +146,32 @@ def test_cpu_flash_fully_masked_rows_as_the_kernel(dtype, fill):
         torch.testing.assert_close(o, n, **tol)
 
 
+def test_lengths_share_one_kernel_and_head_counts_are_pinned_by_its_guard():
+    # batch and sequence lengths stay symbols of the shape-generic kernel; head counts and
+    # head sizes are part of its guard, so another architecture traces a member of its own
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    g = torch.Generator().manual_seed(5)
+    mode = ed.EagerDecompMode("core_aten")
+
+    def call(B, hq, hkv, L, S, E=16):
+        q, k, v = (torch.randn(B, h, n, E, generator=g) for h, n in ((hq, L), (hkv, S), (hkv, S)))
+        mask = torch.randn(B, 1, L, S, generator=g)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        with mode:
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        assert (got.shape, got.stride()) == (want.shape, want.stride())
+        torch.testing.assert_close(got, want)
+        return mode.report().row(op).traces
+
+    ed.cache_clear()
+    assert call(2, 4, 2, 5, 7) == 1
+    assert [call(B, 4, 2, L, S) for B, L, S in ((3, 6, 9), (2, 11, 4), (4, 2, 30))] == [1, 1, 1]
+    assert call(2, 8, 2, 5, 7) == 2  # four query heads per key head: a new member
+    assert call(2, 4, 2, 5, 7, E=32) == 3  # another head size: a new member
+    assert call(3, 4, 2, 9, 3) == 3  # the first member still answers
+    ed.cache_clear()
+
+
 def test_sdpa_in_inference_mode_reaches_the_mode_whole():
     # NOTE: with autograd off, the composite SDPA op itself reaches the mode and is
     # lowered through its own kernel choice into the fills.
