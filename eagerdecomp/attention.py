@@ -130,7 +130,10 @@ def _expand_heads(t, heads):
     (hkv,) = _pin(hkv)  # (see _check_inputs)
     if hkv == heads:
         return t
-    return t.unsqueeze(2).expand(b, hkv, heads // hkv, s, e).reshape(b, heads, s, e)
+    # NOTE: the copy reshape makes of an expanded tensor, spelled out: reshape would first
+    # work out whether a view can do it, over symbolic sizes
+    grouped = t.unsqueeze(2).expand(b, hkv, heads // hkv, s, e)
+    return aten.view.default(aten.clone.default(grouped, memory_format=torch.contiguous_format), [b, heads, s, e])
 
 
 def _sum_groups(grad, hkv):
