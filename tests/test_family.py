@@ -290,3 +290,21 @@ def test_in_place_view_ops_keep_exact_shape_kernels():
         assert out is x and (x.shape, x.stride()) == (want.shape, want.stride())
     row = mode.report().row(torch.ops.aten.squeeze_.dim)
     assert any("in-place view" in r for r in row.exact_shapes), row
+
+
+def test_a_family_trace_never_walks_the_python_stack(fresh, monkeypatch):
+    # ShapeEnv names the user's line for each symbol and guard it makes by walking the stack
+    # (and, the first time, importing torch.export and Inductor to skip their frames): our
+    # guards are read by no one else, so the walk is only cost
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    def walked(self):
+        raise AssertionError("a family trace walked the Python stack")
+
+    monkeypatch.setattr(ShapeEnv, "_get_user_frame", walked)
+    with ed.EagerDecompMode("core_aten") as mode:
+        outs = [(x, F.mish(x), torch.split(x, 2, 0)) for x in (torch.randn(4, 3), torch.randn(6, 3))]
+    for x, y, parts in outs:
+        torch.testing.assert_close(y, F.mish(x))
+        assert [p.shape[0] for p in parts] == [2] * (x.shape[0] // 2)
+    assert mode.report().row(aten.mish.default).family == 1
