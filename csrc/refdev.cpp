@@ -279,9 +279,11 @@ class Call {
   }
 
   static bool mixes_devices(const c10::OperatorHandle& op) {
-    // NOTE: copies move data between devices, and indexing accepts CPU indices, as on CUDA
+    // NOTE: copies move data between devices, and indexing accepts CPU indices, as on CUDA;
+    // _has_compatible_shallow_copy_type compares a CPU tensor with its device copy (Module.to)
     static const std::unordered_set<std::string> mixers = {
-        "aten::copy_", "aten::_to_copy", "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"};
+        "aten::copy_", "aten::_to_copy", "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+        "aten::_has_compatible_shallow_copy_type"};
     return mixers.count(op.operator_name().name) > 0;
   }
 

@@ -55,7 +55,7 @@ from torch._C import DispatchKey
 
 from .errors import BackendError
 from .opset import OpSet
-from .schema import op_from_name, op_names
+from .schema import op_from_name, op_names, returns_tensor
 from .routes import device_refusal
 from . import native
 from .runtime import Runtime, runtime_for
@@ -157,7 +157,7 @@ def _without_autograd(ops, key: str) -> list:
     """
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return sorted(str(op) for op in ops if has(op.name(), "CompositeImplicitAutograd")
-                  and not op.name().startswith("aten::sym_")  # sizes: never differentiated
+                  and returns_tensor(op)  # sizes, bools (_has_compatible_shallow_copy_type): no gradient
                   and not has(op.name(), f"Autograd{key}"))
 
 

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import types
@@ -51,6 +52,11 @@ DEVICE_RUNTIME_OPS = {
     "aten::set_.source_Storage": "the same, at offset 0",
     "aten::set_.source_Tensor": "Tensor.set_(other): share another tensor's storage; no decomposition",
     "aten::set_.default": "Tensor.set_(): an empty storage; no decomposition",
+    # NOTE: composite, but PyTorch asks each PrivateUse1 backend for its own answer (c10's
+    # TensorImpl.h): without one, CPU and the device are incompatible, so Module.to(device)
+    # gives every parameter a new Parameter instead of swapping its .data, and weights that
+    # were tied (GPT-2's embedding and head) train as two. The kernel answers as CPU does.
+    "aten::_has_compatible_shallow_copy_type": "Module.to() keeps tied weights tied (swaps .data in place)",
 }
 
 _lock = threading.Lock()
@@ -72,10 +78,11 @@ def _composite_implicit(op) -> bool:
 
 def device_ops() -> OpSet:
     """The ops edref has kernels for: core ATen + runtime extras + device runtime ops, less the
-    CompositeImplicitAutograd ones (which never reach a backend)."""
-    ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS) + list(DEVICE_RUNTIME_OPS))
-    return OpSet([op for op in ops if op.namespace == "aten" and _forwardable(op) and not _composite_implicit(op)],
-                 name=f"{DEVICE_NAME} kernels")
+    CompositeImplicitAutograd ones of core ATen (which never reach a backend)."""
+    runtime = OpSet(list(DEVICE_RUNTIME_OPS))
+    ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS)) | runtime
+    keep = [op for op in ops if op.namespace == "aten" and _forwardable(op) and (op in runtime or not _composite_implicit(op))]
+    return OpSet(keep, name=f"{DEVICE_NAME} kernels")
 
 
 def _device_module() -> types.ModuleType:
@@ -129,13 +136,23 @@ def reference_device() -> torch.device:
     return torch.device(DEVICE_NAME, 0)
 
 
+def _tiny_backward() -> None:
+    # NOTE: the engine itself, not torch.autograd.grad or backward(): the device's autograd
+    # thread keeps the last graph task it ran until it runs another, and one that holds a
+    # Python object (grad's results, the context backward() stashes) freed during interpreter
+    # finalization aborts the process ("terminate called without an active exception"). This
+    # one holds none: no outputs, and x.grad never reaches Python.
+    x = torch.ones(2).to(DEVICE_NAME).requires_grad_()
+    engine = torch.autograd.Variable._execution_engine
+    engine.run_backward((x * 2.0,), (torch.ones(2).to(DEVICE_NAME),), False, False, (), True, True)  # mul: core
+
+
 def _check_autograd() -> None:
     # NOTE: the autograd engine sizes its per-device queues once, at the process's first
     # backward pass; a device registered after that cannot run backward. A tiny backward on
     # the device (core ops only) starts the engine with edref known, or finds it too late.
-    x = torch.ones(2).to(DEVICE_NAME).requires_grad_()
     try:
-        torch.autograd.grad(x * 2.0, x, torch.ones(2).to(DEVICE_NAME))  # mul only: a core op
+        _tiny_backward()
     except RuntimeError as e:
         if "device_ready_queues_" not in str(e):
             raise
@@ -144,6 +161,17 @@ def _check_autograd() -> None:
             "registered, and the autograd engine only knows the devices present at its first backward; "
             "expected reference_device() to be called first. Call it at the start of the program."
         ) from None
+    atexit.register(_release_last_graph_task)
+
+
+def _release_last_graph_task() -> None:
+    # the program's last backward is the graph task the device thread keeps: swap it for a
+    # harmless one while the interpreter is still whole (atexit runs before finalization)
+    try:
+        with torch.enable_grad():
+            _tiny_backward()
+    except RuntimeError:  # best effort at exit (e.g. inside inference_mode): the abort is PyTorch's
+        pass
 
 
 def is_loaded() -> bool:

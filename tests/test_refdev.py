@@ -136,3 +136,74 @@ def test_enable_warns_of_device_kernels_that_lose_autograd():
         backend.disable(DEV)
         lib._destroy()
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::var.dim", "PrivateUse1")
+
+
+
+
+def test_module_to_the_device_keeps_tied_weights_tied():
+    # Module.to() swaps each parameter's .data in place where PyTorch calls CPU and the device
+    # compatible, as on CUDA; before the device said so, every parameter became a new Parameter
+    # and a tied embedding and head (GPT-2's) trained as two (gradients of the tied weight off by 0.37)
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(self.embed(ids))
+
+    torch.manual_seed(0)
+    model = Tied()
+    weight = model.embed.weight
+    ids = torch.tensor([1, 3, 4])
+    model(ids).square().sum().backward()
+    expected = weight.grad.clone()
+    weight.grad = None
+    backend.enable(DEV)
+    try:
+        assert model.to(DEV) is model and model.embed.weight is weight and model.head.weight is weight
+        assert weight.device == DEV and len(list(model.parameters())) == 1
+        model(ids.to(DEV)).square().sum().backward()
+    finally:
+        backend.disable(DEV)
+    torch.testing.assert_close(weight.grad.cpu(), expected)
+    assert torch._has_compatible_shallow_copy_type(torch.ones(2).to(DEV), torch.ones(2))
+
+# how a program on the device may end: each must exit with status 0
+EXIT_SCRIPTS = {
+    "load only": "dev = reference_device()",
+    "a training step": (
+        "dev = reference_device(); ed.enable(dev)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).to(dev)\n"
+        "m(torch.randn(4, 8, device=dev)).logsumexp(-1).sum().backward()"
+    ),
+    "autograd.grad": (
+        "dev = reference_device(); ed.enable(dev)\n"
+        "x = torch.ones(3, device=dev, requires_grad=True)\n"
+        "torch.autograd.grad(torch.nn.functional.gelu(x).sum(), x)"
+    ),
+}
+
+
+def test_programs_on_the_device_exit_cleanly():
+    # NOTE: the device's autograd thread keeps the last graph task it ran until the process
+    # ends; one holding a Python object, freed during interpreter finalization, aborted the
+    # process ("terminate called without an active exception"). It is a race the device thread
+    # loses when it is slow to take the GIL, as on a busy machine: with the other core kept
+    # busy, nearly every one of these programs aborted before the fix.
+    import os
+    import subprocess
+    import sys
+
+    head = "import torch, eagerdecomp as ed\nfrom eagerdecomp.refdev import reference_device\n"
+    env = dict(os.environ, EAGERDECOMP_DISK_CACHE="0")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        ended = {}
+        for name, last in EXIT_SCRIPTS.items():
+            r = subprocess.run([sys.executable, "-c", head + last], env=env, capture_output=True, text=True, timeout=300)
+            ended[name] = (r.returncode, "terminate" in r.stderr)
+    finally:
+        busy.kill()
+    assert ended == {name: (0, False) for name in EXIT_SCRIPTS}
