@@ -234,8 +234,10 @@ class Call {
       return t;
     }
     saw_device_ = true;
+    c10::Storage host = host_storage(t.storage());
+    if (!base_keys_.find(host.unsafeGetStorageImpl())) base_keys_.emplace(host.unsafeGetStorageImpl(), t.key_set());
     auto out = at::detail::make_tensor<c10::TensorImpl>(
-        host_storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+        std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
     auto* impl = out.unsafeGetTensorImpl();
     copy_view_metadata(impl, t);
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) impl->set_wrapped_number(true);  // promotes like a scalar
@@ -270,10 +272,19 @@ class Call {
     auto* s = h.storage().unsafeGetStorageImpl();
     bool ours = to_dev_.find(s) != nullptr;
     if (!ours && (host_outputs_ || host_inputs_.find(s))) return h;  // a host tensor, rightly
-    const int64_t* refs = output_refs_.find(s);
-    bool steal = !ours && c10::raw::intrusive_ptr::use_count(s) <= static_cast<size_t>(refs ? *refs : 0);
-    auto out = at::detail::make_tensor<c10::TensorImpl>(
-        device_storage(s, steal), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), h.dtype());
+    at::Tensor out;
+    if (const c10::DispatchKeySet* keys = base_keys_.find(s)) {
+      // NOTE: a view of an input, made as ATen makes views (TensorImpl::VIEW with its base's
+      // keys): under inference mode a view of a normal tensor is a normal tensor, which
+      // autograd's view tracking then gives its base's version counter (a weight's t() in
+      // F.linear); made as a fresh tensor it was an inference tensor and that failed
+      out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, device_storage(s, false), *keys, h.dtype());
+    } else {
+      const int64_t* refs = output_refs_.find(s);
+      bool steal = !ours && c10::raw::intrusive_ptr::use_count(s) <= static_cast<size_t>(refs ? *refs : 0);
+      out = at::detail::make_tensor<c10::TensorImpl>(
+          device_storage(s, steal), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), h.dtype());
+    }
     copy_view_metadata(out.unsafeGetTensorImpl(), h);
     return out;
   }
@@ -291,6 +302,7 @@ class Call {
   at::Tensor host_operand_;
   StorageMap<c10::intrusive_ptr<c10::StorageImpl>> to_host_;
   StorageMap<c10::Storage> to_dev_;
+  StorageMap<c10::DispatchKeySet> base_keys_;  // per host storage of a device input: that input's keys
   StorageMap<bool> host_inputs_;
   StorageMap<int64_t> output_refs_;
   bool host_outputs_ = false;

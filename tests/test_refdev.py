@@ -170,6 +170,30 @@ def test_module_to_the_device_keeps_tied_weights_tied():
     torch.testing.assert_close(weight.grad.cpu(), expected)
     assert torch._has_compatible_shallow_copy_type(torch.ones(2).to(DEV), torch.ones(2))
 
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_views_under_inference_mode_follow_their_base(switch):
+    # as on CPU: inside inference_mode a view of a normal tensor is a normal tensor (autograd
+    # gives it its base's version counter), anything fresh is an inference tensor; the device
+    # made every result fresh, and F.linear with a weight from outside failed ("Cannot set
+    # version_counter for inference tensor")
+    def run(w, x):
+        with torch.inference_mode():
+            v = w.permute(1, 0)
+            y = torch.nn.functional.linear(x, w, w[0])
+            return (v.is_inference(), v._base is w, v._version == w._version, y.is_inference()), y
+
+    w, x = torch.randn(3, 3, requires_grad=True), torch.randn(2, 3)
+    want, ref = run(w, x)
+    if switch:
+        backend.enable(DEV)
+    try:
+        got, y = run(w.detach().to(DEV).requires_grad_(), x.to(DEV))
+    finally:
+        backend.disable(DEV)
+    assert got == want == (False, True, True, True)
+    torch.testing.assert_close(y.cpu(), ref)
+
 # how a program on the device may end: each must exit with status 0
 EXIT_SCRIPTS = {
     "load only": "dev = reference_device()",
