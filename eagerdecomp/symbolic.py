@@ -22,6 +22,7 @@ Integer expressions are exact whatever their order.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import sympy
@@ -51,25 +52,20 @@ class NotGeneric(Exception):
         self.reason = reason
 
 
-_SHAPE_ENV = None
-
-
+@functools.cache
 def _shape_env_class():
-    global _SHAPE_ENV
-    if _SHAPE_ENV is None:
-        from torch._guards import SLoc
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch._guards import SLoc
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        class _ShapeEnv(ShapeEnv):
-            # NOTE: ShapeEnv walks the Python stack for every symbol and guard it makes, to
-            # name the user's line in its logs; our guards are read by no one but us. The
-            # first walk also imports torch.export and Inductor's modules (to skip their
-            # frames): about 0.3 s of a cold process's first shape-generic trace, profiled.
-            def _get_stack_summary(self, is_debug=False, framework_loc=None):
-                return SLoc(framework_loc or "eagerdecomp", None), ""
+    class _ShapeEnv(ShapeEnv):
+        # NOTE: ShapeEnv walks the Python stack for every symbol and guard it makes, to name
+        # the user's line in its logs; our guards are read by no one but us. The first walk
+        # also imports torch.export and Inductor's modules (to skip their frames): about
+        # 0.3 s of a cold process's first shape-generic trace, profiled.
+        def _get_stack_summary(self, is_debug=False, framework_loc=None):
+            return SLoc(framework_loc or "eagerdecomp", None), ""
 
-        _SHAPE_ENV = _ShapeEnv
-    return _SHAPE_ENV
+    return _ShapeEnv
 
 
 def new_shape_env():
