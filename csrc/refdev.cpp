@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/util/SmallVector.h>
 #include <c10/core/CPUAllocator.h>
@@ -308,6 +309,20 @@ class Call {
   bool host_outputs_ = false;
 };
 
+// NOTE: a copy-on-write storage (Tensor._lazy_clone) shares its memory until someone writes;
+// CPU kernels copy it when they ask for a writable pointer, which the host wrapper below
+// would hide from them. So a storage an op writes is copied here first, as CPU would.
+void materialize(const c10::IValue& v) {
+  auto one = [](const at::Tensor& t) {
+    if (is_device(t) && t.has_storage()) t.storage().unsafeGetStorageImpl()->mutable_data();
+  };
+  if (v.isTensor()) {
+    one(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) one(t);
+  }
+}
+
 // Index of the argument a return aliases (by alias set), or -1.
 int aliased_argument(const c10::FunctionSchema& schema, const c10::AliasInfo* ret) {
   const auto& args = schema.arguments();
@@ -328,6 +343,10 @@ void forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto first = stack->end() - static_cast<std::ptrdiff_t>(nargs);
   c10::SmallVector<c10::IValue, 8> original(first, stack->end());
   c10::SmallVector<c10::IValue, 8> host(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+    if (a && a->isWrite()) materialize(original[i]);
+  }
   Call call;
   for (size_t i = 0; i < nargs; ++i) host[i] = call.to_host(original[i]);
   call.check_devices(op);
@@ -362,10 +381,42 @@ std::vector<std::unique_ptr<torch::Library>>& libraries() {
   return libs;
 }
 
+// Autocast (torch.autocast("edref")): PyTorch registers its cast policies per device key and
+// none for PrivateUse1, so a device registers its own. edref takes the op lists PyTorch
+// keeps for backends to share (CUDA's, XPU's and MPS's policies), and lets every other op
+// fall through, as CUDA does.
+void register_autocast(torch::Library& fallthrough, torch::Library& m) {
+  using at::IntArrayRef;  // the shared lists name these unqualified (ATen expands them in at::)
+  using at::Scalar;
+  using at::ScalarType;
+  using at::Tensor;
+  fallthrough.fallback(torch::CppFunction::makeFallthrough());
+#define EDREF_LOW(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define EDREF_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define EDREF_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define EDREF_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(EDREF_LOW)
+  AT_FORALL_FP32(EDREF_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(EDREF_FP32_OPT)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(EDREF_PROMOTE)
+#undef EDREF_LOW
+#undef EDREF_FP32
+#undef EDREF_FP32_OPT
+#undef EDREF_PROMOTE
+}
+
 void install_device() {
   c10::SetAllocator(kType, &g_allocator);
   static c10::impl::DeviceGuardImplRegistrar guard(kType, new Guard());
   at::RegisterPrivateUse1HooksInterface(new Hooks());
+  auto fallthrough = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+  auto policies = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+  register_autocast(*fallthrough, *policies);
+  libraries().push_back(std::move(fallthrough));
+  libraries().push_back(std::move(policies));
 }
 
 }  // namespace

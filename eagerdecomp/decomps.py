@@ -10,6 +10,7 @@ import functools
 import itertools
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from .lift import to_float32
 from .overlap import guard
@@ -184,9 +185,12 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 
 # NOTE: resize_ is core; resize_as_ is resize_ to the template's sizes, then its memory
-# format if one is asked for (as eager's resize_as_ does).
+# format if one is asked for (as eager's resize_as_ does), preserve_format meaning the
+# template's own (resize_ itself refuses preserve_format).
 @project_decomposition(aten.resize_as_.default)
 def resize_as_(self, the_template, *, memory_format=None):
+    if memory_format == torch.preserve_format:
+        memory_format = suggest_memory_format(the_template)
     return aten.resize_.default(self, the_template.shape, memory_format=memory_format)
 
 

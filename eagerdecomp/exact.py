@@ -22,7 +22,15 @@ import functools
 import threading
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -158,11 +166,25 @@ def _dense(shape, stride) -> bool:
     return True
 
 
-def reference(func, args, kwargs, mode=None, fakes=None):
+# What fake tensors raise when they cannot run an op's meta kernel: no kernel, a data value
+# or a data-dependent shape needed. None of these says the call itself is invalid.
+_NO_META = (
+    NotImplementedError,
+    UnsupportedOperatorException,
+    UnsupportedFakeTensorException,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+)
+
+
+def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel.
 
     ``mode`` and ``fakes`` (the call's tensors in key order) are given for a family trace,
-    whose fakes have symbolic sizes.
+    whose fakes have symbolic sizes. ``refuse=True`` raises what the meta kernel raises
+    when it rejects the call's arguments: eager rejects them too, with that error, where a
+    decomposition might compute a result (addcdiv on integers, a padding of an empty dim).
     """
     if mode is None:
         mode = new_fake_mode()
@@ -175,7 +197,11 @@ def reference(func, args, kwargs, mode=None, fakes=None):
     try:
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
-    except Exception:  # noqa: BLE001 - no meta kernel: nothing to check against
+    except _NO_META:
+        return None
+    except Exception:  # noqa: BLE001 - the meta kernel's argument checks refused the call
+        if refuse:
+            raise
         return None
     outs = tree_flatten(out)[0]
     if func in _META_LAYOUT_FIXES:

@@ -78,7 +78,8 @@ def repeat_interleave(repeats, *, output_size=None):
 
 # NOTE: index_reduce(dim, index, source, reduce) reduces source's slice i into self's slice
 # index[i]: scatter_reduce (core) with index broadcast along source's other dims; the reduce
-# names (prod, mean, amax, amin) and include_self mean the same in both.
+# names (prod, mean, amax, amin) and include_self mean the same in both. index_reduce takes
+# int32 indices too, scatter_reduce only int64.
 @project_decomposition(aten.index_reduce.default)
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin") or index.dim() > 1:
@@ -89,10 +90,36 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
         one = index_reduce(aten.view.default(self, [1]), 0, index, aten.view.default(source, [1]), reduce, include_self=include_self)
         return aten.view.default(one, [])
     dim = dim % self.dim()
+    if index.dtype != torch.int64:
+        index = aten._to_copy.default(index, dtype=torch.int64)
+    if reduce in ("prod", "mean") and self.dtype in (torch.float16, torch.bfloat16):
+        return _index_reduce_in_order(self, dim, index, source, reduce, include_self)
     shape = [1] * source.dim()
     shape[dim] = index.numel()
     full = aten.expand.default(aten.view.default(index, shape), list(source.shape))
     return aten.scatter_reduce.two(self, dim, full, source, reduce, include_self=include_self)
+
+
+def _index_reduce_in_order(self, dim, index, source, reduce, include_self):
+    # NOTE: eager reduces source's slices into self one index entry at a time, rounding to
+    # the half type after each; scatter_reduce accumulates in float and rounds once. Sums in
+    # index order are index_put's accumulate; products are one step per entry.
+    out = aten.movedim.int(self, dim, 0)
+    src = aten.movedim.int(source, dim, 0)
+    if not include_self:
+        out = aten.index_fill.int_Scalar(out, 0, index, 1 if reduce == "prod" else 0)
+    if reduce == "prod":
+        for i in range(index.numel()):
+            at = aten.slice.Tensor(index, 0, i, i + 1)
+            step = aten.mul.Tensor(aten.index_select.default(out, 0, at), aten.slice.Tensor(src, 0, i, i + 1))
+            out = aten.index_put.default(out, [at], step)
+        return aten.movedim.int(out, 0, dim)
+    out = aten.index_put.default(out, [index], src, True)
+    counts = aten.full.default([self.shape[dim]], 1 if include_self else 0, dtype=self.dtype, device=self.device)
+    counts = aten.index_put.default(counts, [index], aten.ones_like.default(index, dtype=self.dtype), True)
+    counts = aten.masked_fill.Scalar(counts, aten.eq.Scalar(counts, 0), 1)
+    out = aten.div.Tensor(out, aten.view.default(counts, [-1] + [1] * (self.dim() - 1)))
+    return aten.movedim.int(out, 0, dim)
 
 
 # NOTE: F.embedding(max_norm=) renormalizes, in place, the weight rows its indices name: a

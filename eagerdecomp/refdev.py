@@ -57,6 +57,11 @@ DEVICE_RUNTIME_OPS = {
     # gives every parameter a new Parameter instead of swapping its .data, and weights that
     # were tied (GPT-2's embedding and head) train as two. The kernel answers as CPU does.
     "aten::_has_compatible_shallow_copy_type": "Module.to() keeps tied weights tied (swaps .data in place)",
+    # NOTE: a complex tensor's real and imaginary parts are a view of its storage at another
+    # dtype; no core op changes a view's dtype, so a device with complex dtypes provides both
+    # (real, imag, split and print of complex tensors all go through view_as_real).
+    "aten::view_as_real": "complex storage viewed as (real, imag) pairs; no decomposition",
+    "aten::view_as_complex": "(real, imag) pairs viewed as complex storage; no decomposition",
 }
 
 _lock = threading.Lock()
@@ -99,7 +104,29 @@ def _device_module() -> types.ModuleType:
     mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
     mod.synchronize = lambda device=None: None
     mod.device = lambda device: contextlib.nullcontext()  # one device: nothing to switch (torch.load uses it)
+    # torch.autocast("edref") asks the device module which dtypes it may cast to; the cast
+    # policies themselves are C++ kernels on the AutocastPrivateUse1 key (csrc/refdev.cpp)
+    mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    for name, cls in _legacy_storages().items():
+        setattr(mod, name, cls)
     return mod
+
+
+def _legacy_storages() -> dict:
+    """``FloatStorage``... on the device: ``Tensor.storage_type()`` and the legacy
+    ``torch.<device>.FloatStorage(n)`` constructors look them up on the device module, as
+    ``torch.cuda``'s. A class's device is read from its ``__module__``."""
+    from torch._utils import classproperty
+    from torch.storage import _LegacyStorage, _dtype_to_storage_type_map
+
+    def storage_class(name, dtype):
+        return type(name, (_LegacyStorage,), {
+            "__module__": f"torch.{DEVICE_NAME}",
+            "_dtype": classproperty(lambda cls: dtype),
+            "dtype": classproperty(lambda cls: dtype),
+        })
+
+    return {name: storage_class(name, dtype) for dtype, name in _dtype_to_storage_type_map().items()}
 
 
 def reference_device() -> torch.device:

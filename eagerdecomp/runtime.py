@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 import warnings
 
 import torch
@@ -35,6 +36,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
 from .exact import layout_matters, relayout, unalias
+from .fwad import below_forward_ad
 from .observe import log, profiling, ranged
 from .lift import LiftRefused
 from .trace import trace, trace_family
@@ -90,7 +92,17 @@ class Runtime:
         route = self._routes.get(func)
         if route is None:
             route = self._routes[func] = self._route_for(func)
-        return route(func, args, kwargs)
+        try:
+            return route(func, args, kwargs)
+        except BaseException as e:
+            # NOTE: PyTorch's dispatch guards restore the whole thread-local key set they
+            # saw when made, and some are held by Python frames (Tensor.__repr__ holds one).
+            # A frame kept alive by the traceback frees its guard after the dispatcher's own
+            # guards have unwound, putting back the state inside this call for good (autograd
+            # off in the whole thread). Freeing the failed call's frames here, before we
+            # return into the dispatcher, keeps the guards in order.
+            traceback.clear_frames(e.__traceback__)
+            raise
 
     def _route_for(self, func):
         if func in self.ops:
@@ -129,6 +141,7 @@ class Runtime:
                 return out
         return self._decompose(func, args, kwargs)
 
+    @below_forward_ad
     def _decompose(self, func, args, kwargs):
         """The Python path: key, look up (trace on a miss), replay; then install the program."""
         table = self.native
@@ -248,7 +261,7 @@ class Runtime:
             if not eager:
                 with _disable_current_modes():
                     mode = concrete_fake_mode()
-                    eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors)))
+                    eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True))
             return eager[0]
 
         def find(members):
@@ -339,6 +352,7 @@ class Runtime:
     def _store(self):
         return self.store if self.store is not None and disk_enabled() else None
 
+    @below_forward_ad
     def bypass(self, func, args, kwargs, reason):
         """Decompose eagerly on the real tensors: still only opset ops run below."""
         return self._lower_eagerly(func, args, kwargs, reason, None)
@@ -350,7 +364,7 @@ class Runtime:
         ref = None
         if layout_matters(func):
             with _disable_current_modes():  # the meta kernel's calls are no mode's to see
-                ref = reference(func, args, kwargs)
+                ref = reference(func, args, kwargs, refuse=True)
         try:
             if profiling():
                 out = ranged("eager", func, lowerer.lower, func, args, kwargs)

@@ -132,7 +132,7 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     """
     check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
-        ref = reference(func, args, kwargs)
+        ref = reference(func, args, kwargs, refuse=True)
         if not lifted:
             return _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
         kernels = []

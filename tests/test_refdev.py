@@ -6,6 +6,7 @@ import io
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from eagerdecomp import backend
 from eagerdecomp.errors import BackendError
@@ -231,3 +232,62 @@ def test_programs_on_the_device_exit_cleanly():
     finally:
         busy.kill()
     assert ended == {name: (0, False) for name in EXIT_SCRIPTS}
+
+
+def test_a_lazy_clone_is_copied_when_the_device_writes_it():
+    # copy-on-write storage: the first write through either side copies it, as on CPU (the
+    # device's copy_ and any other kernel that writes an argument)
+    backend.enable(DEV)
+    try:
+        for base in (torch.arange(4), torch.arange(4.0)):
+            t = base.to(DEV).view(2, 2)
+            c = t._lazy_clone()
+            t.view(4).add_(1)  # in place through a view of the original: add, then copy_
+            assert torch.equal(c.cpu(), base.view(2, 2)) and torch.equal(t.cpu(), base.view(2, 2) + 1)
+            c2 = t._lazy_clone()
+            c2.mul_(2)  # and through the clone
+            assert torch.equal(t.cpu(), base.view(2, 2) + 1) and torch.equal(c2.cpu(), (base.view(2, 2) + 1) * 2)
+            c3 = t._lazy_clone()
+            c3.resize_(8)  # a core kernel that writes its argument
+            assert torch.equal(t.cpu(), base.view(2, 2) + 1)
+    finally:
+        backend.disable(DEV)
+
+
+def test_complex_tensors_view_as_real_pairs_on_the_device():
+    x = torch.randn(3, 2, dtype=torch.complex64)
+    d = x.to(DEV)
+    r = torch.view_as_real(d)
+    assert r.device == d.device and ptr(r) == ptr(d) and r.dtype == torch.float32
+    assert (r.shape, r.stride()) == (torch.view_as_real(x).shape, torch.view_as_real(x).stride())
+    assert torch.equal(r.cpu(), torch.view_as_real(x))
+    back = torch.view_as_complex(r)
+    assert ptr(back) == ptr(d) and torch.equal(back.cpu(), x)
+    r[0, 0, 1] = 5.0  # writes through to the complex tensor's memory
+    assert d[0, 0].cpu().imag == 5.0
+
+
+def test_legacy_typed_storages_of_the_device():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated, and still used by old code
+        d = torch.arange(3.0).to(DEV)
+        assert d.storage_type() is torch.edref.FloatStorage
+        s = torch.edref.FloatStorage(4)
+        assert s.device == DEV and s.dtype == torch.float32 and len(s) == 4
+        assert isinstance(d.storage(), torch.edref.FloatStorage)
+        assert not isinstance(torch.arange(3.0).storage(), torch.edref.FloatStorage)
+
+
+def test_autocast_on_the_device_follows_pytorchs_shared_policy():
+    x, w = torch.randn(4, 3), torch.randn(5, 3)
+    dx, dw = x.to(DEV), w.to(DEV)
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled(DEV.type)
+        y = F.linear(dx, dw)  # lower-precision list
+        e = torch.exp(dx.to(torch.bfloat16))  # float32 list
+        s = dx + 1  # neither: untouched
+    assert (y.dtype, e.dtype, s.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    assert torch.equal(y.cpu(), F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)))
+    assert torch.equal(e.cpu(), torch.exp(x.to(torch.bfloat16).float()))

@@ -1,0 +1,198 @@
+"""Run PyTorch's device suites on CPU and on edref, compare, and write the summary.
+
+``python -m tests.devsuites [--files test_view_ops.py ...] [--select IDS] [--jobs N]``
+
+Each device runs in its own pytest process (with pytest-xdist workers, so a crash
+loses one test, not the run) over a temporary copy of the files. A test that passes
+on CPU must pass on edref unless :mod:`tests.devsuites.known` lists it; a listed
+test that passes, or any test that changes the dispatch state, fails the run too.
+Writes ``reports/devsuites.md`` and ``reports/devsuites.json``; exits 1 on anything
+unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from .known import KNOWN
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = Path(os.environ.get("EAGERDECOMP_PYTORCH_TESTS", ROOT.parent / "shared" / "data" / "pytorch-tests"))
+FILES = ("test_view_ops.py", "test_torch.py", "test_nn.py")
+DEVICE = "edref"
+
+
+def run_device(device: str, workdir: Path, files, select, jobs: int, timeout: float) -> dict:
+    """``{generic id: record}`` for one device's run of ``files``."""
+    out = workdir / f"results-{device}"
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(
+        os.environ,
+        EAGERDECOMP_DEVSUITE_DEVICE=device,
+        EAGERDECOMP_DEVSUITE_OUT=str(out),
+        EAGERDECOMP_DEVSUITE_TIMEOUT=str(timeout),
+        PYTORCH_TESTING_DEVICE_ONLY_FOR="cpu" if device == "cpu" else "privateuse1",
+        PYTORCH_PRINT_REPRO_ON_FAILURE="0",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+    )
+    if select:
+        env["EAGERDECOMP_DEVSUITE_SELECT"] = str(select)
+    cmd = [sys.executable, "-m", "pytest", *files, "-p", "tests.devsuites.plugin", "-q", "-p", "no:cacheprovider",
+           "-n", str(jobs), "--tb=no", "-rN", "-W", "ignore"]
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    records = {}
+    for path in glob.glob(str(out / "*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                records[rec["id"]] = rec
+    if not records:
+        raise SystemExit(f"devsuites: no test ran on {device}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return records
+
+
+def cause(rec: dict) -> str:
+    """A failure's cause, for the summary."""
+    if rec.get("state"):
+        return "dispatch state changed"
+    error, message = rec.get("error", ""), rec.get("message", "")
+    if error in ("Crash", "Timeout"):
+        return error.lower()
+    if error == "UnsupportedOpError":
+        return "no path"
+    if error == "NotImplementedError" and "backend" in message:
+        return "device gap"
+    if error == "AssertionError":
+        if "not raised" in message:
+            return "missing error"
+        if "does not match" in message or "Regex" in message:
+            return "different error"
+        return "wrong result"
+    return f"error: {error or 'unknown'}"
+
+
+def compare(cpu: dict, dev: dict) -> dict:
+    """Every test id's verdict: ok, expected (known), unexpected failure or unexpected pass."""
+    verdicts = {}
+    for tid, c in cpu.items():
+        if c["outcome"] != "passed":
+            continue
+        # NOTE: a test with no line crashed its worker (xdist starts another and goes on)
+        d = dev.get(tid, {"outcome": "failed", "error": "Crash", "message": "no result on the device"})
+        known = KNOWN.get(tid)
+        bad_state = bool(d.get("state"))
+        if d["outcome"] == "passed" and not bad_state:
+            verdicts[tid] = "unexpected pass" if known else "passed"
+        elif d["outcome"] == "skipped" and not bad_state:
+            verdicts[tid] = "skipped on device"
+        elif known and not bad_state:
+            verdicts[tid] = "known failure"
+        else:
+            verdicts[tid] = "unexpected failure"
+    for tid, d in dev.items():  # a leak is a defect wherever it happens
+        if d.get("state") and tid not in verdicts:
+            verdicts[tid] = "unexpected failure"
+    return verdicts
+
+
+def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
+    by_file = defaultdict(Counter)
+    causes, ops, unexpected = Counter(), Counter(), []
+    for tid, v in sorted(verdicts.items()):
+        by_file[tid.split("::")[0]][v] += 1
+        if v in ("known failure", "unexpected failure"):
+            rec = dev.get(tid, {})
+            causes[cause(rec)] += 1
+            if rec.get("op"):
+                ops[rec["op"]] += 1
+        if v.startswith("unexpected"):
+            d = dev.get(tid, {})
+            unexpected.append((tid, v, cause(d) if v == "unexpected failure" else KNOWN[tid], d.get("message", "")))
+    cpu_passed = sum(1 for r in cpu.values() if r["outcome"] == "passed")
+    passed = sum(1 for v in verdicts.values() if v == "passed")
+    known = sum(1 for v in verdicts.values() if v == "known failure")
+    data = {
+        "files": list(files),
+        "cpu_passed": cpu_passed,
+        "device_passed": passed,
+        "known_failures": known,
+        "skipped_on_device": sum(1 for v in verdicts.values() if v == "skipped on device"),
+        "unexpected": [dict(zip(("id", "verdict", "cause", "message"), u)) for u in unexpected],
+        "by_file": {f: dict(c) for f, c in by_file.items()},
+        "causes": dict(causes.most_common()),
+        "ops": dict(ops.most_common()),
+        "state_changed": sorted(t for t, d in dev.items() if d.get("state")),
+    }
+    lines = [
+        f"# PyTorch's device suites on {DEVICE}",
+        "",
+        f"Command: `python -m tests.devsuites` (`make devsuites`); files: {', '.join(files)} (PyTorch 2.4.0's); "
+        f"torch {_torch_version()}.",
+        "",
+        f"Of {cpu_passed} tests that pass on CPU: {passed} pass on {DEVICE}, {known} are known failures "
+        f"({100 * known / max(cpu_passed, 1):.1f}%), {data['skipped_on_device']} skip on {DEVICE}, "
+        f"{len(unexpected)} unexpected. Tests that changed the dispatch state: {len(data['state_changed'])}.",
+        "",
+        "| file | " + " | ".join(("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass")) + " |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for f in files:
+        c = by_file.get(f, Counter())
+        lines.append(f"| {f} | " + " | ".join(str(c[k]) for k in ("passed", "known failure", "skipped on device",
+                                                                  "unexpected failure", "unexpected pass")) + " |")
+    lines += ["", "## Failures by cause", "", "| cause | tests |", "| --- | ---: |"]
+    lines += [f"| {k} | {n} |" for k, n in causes.most_common()]
+    lines += ["", "## Failures by op", "", "| op | tests |", "| --- | ---: |"]
+    lines += [f"| `{k}` | {n} |" for k, n in ops.most_common()]
+    if unexpected:
+        lines += ["", "## Unexpected", ""]
+        lines += [f"- `{t}`: {v} ({c}) {m[:200]}" for t, v, c, m in unexpected]
+    return "\n".join(lines) + "\n", data
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.devsuites", description=__doc__.splitlines()[0])
+    p.add_argument("--files", nargs="+", default=list(FILES))
+    p.add_argument("--select", help="a file of generic test ids to run (default: every device-type test)")
+    p.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers per device")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a single test may run")
+    p.add_argument("--out", default=str(ROOT / "reports" / "devsuites"), help="path stem of the .md and .json summary")
+    p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    args = p.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="devsuites-"))
+    try:
+        for name in args.files:
+            shutil.copy(SOURCE / name, workdir / name)
+        (workdir / "pytest.ini").write_text("[pytest]\n")  # no rootdir config above the copy
+        select = Path(args.select).resolve() if args.select else None
+        cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
+        dev = run_device(DEVICE, workdir, args.files, select, args.jobs, args.timeout)
+        verdicts = compare(cpu, dev)
+        text, data = summarize(cpu, dev, verdicts, args.files)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(text)
+        out.with_suffix(".json").write_text(json.dumps({"summary": data, "cpu": cpu, DEVICE: dev}, indent=1, sort_keys=True))
+        print(text)
+        return 1 if data["unexpected"] or data["state_changed"] else 0
+    finally:
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
