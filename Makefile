@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test parity conformance conformance-merge conformance-resume conformance-compiled models zoo stress bench report corpus install clean
+.PHONY: demo test parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,14 @@ DEVICE ?=
 zoo: install
 	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
 		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --summary > /dev/null; exit $$s
+
+# PyTorch's own device-generic test suites (../shared/data/pytorch-tests: test_view_ops, test_torch,
+# test_nn; PyTorch 2.4.0's) on edref with the switch and on CPU, from a temporary copy; fails on any
+# result tests/devsuites/known.py does not expect. Summary in reports/devsuites.md. About an hour
+# on 2 cores (make test runs a fixed slice: tests/test_devsuites.py).
+DEVSUITE_JOBS ?= 2
+devsuites: install
+	$(PY) -m tests.devsuites --jobs $(DEVSUITE_JOBS) $(DEVSUITE_ARGS)
 
 # the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
 STRESS_RUNS ?= 100

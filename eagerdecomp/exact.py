@@ -30,11 +30,12 @@ from torch._subclasses.fake_tensor import (
     UnsupportedFakeTensorException,
     UnsupportedOperatorException,
 )
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .checks import check
 from .errors import DeviceMismatchError, MismatchError
 from .lower import _IDENTITY
 from .quiet import quiet
@@ -106,7 +107,11 @@ class _Ref:
 
 
 def new_fake_mode(shape_env=None) -> FakeTensorMode:
-    mode = FakeTensorMode(shape_env=shape_env)
+    # NOTE: no fallback kernels: for an op without a meta kernel FakeTensorMode would run the
+    # real one on zeros of the fake's device, executing it for real while tracing; on a device
+    # the switch serves that re-enters our own fallback with fakes. Such an op has no meta
+    # reference, and a call of one that a decomposition makes is decomposed eagerly instead.
+    mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False)
     # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
     # shapes that change every call it grows for the life of the process. Our kernel cache is
     # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
@@ -184,8 +189,11 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     ``mode`` and ``fakes`` (the call's tensors in key order) are given for a family trace,
     whose fakes have symbolic sizes. ``refuse=True`` raises what the meta kernel raises
     when it rejects the call's arguments: eager rejects them too, with that error, where a
-    decomposition might compute a result (addcdiv on integers, a padding of an empty dim).
+    decomposition might compute a result (addcdiv on integers, a padding of an empty dim),
+    and first what :mod:`eagerdecomp.checks` knows eager refuses.
     """
+    if refuse:
+        check(func, args, kwargs)
     if mode is None:
         mode = new_fake_mode()
         fakes = [mode.from_tensor(t) for t in flat_tensors(args, kwargs)]
@@ -199,9 +207,17 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
             out = func(*fargs, **fkwargs)
     except _NO_META:
         return None
-    except Exception:  # noqa: BLE001 - the meta kernel's argument checks refused the call
+    except AssertionError as e:
+        # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
+        # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message
+        if refuse:
+            raise RuntimeError(str(e)) from None
+        return None
+    except (RuntimeError, ValueError, IndexError):  # what argument checks raise (torch._check...)
         if refuse:
             raise
+        return None
+    except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
         return None
     outs = tree_flatten(out)[0]
     if func in _META_LAYOUT_FIXES:
@@ -370,6 +386,11 @@ def same_strides(r, o) -> bool:
     return True
 
 
+def _surely_same_strides(r, o) -> bool:
+    """Every stride equal, size-1 dims included, without guarding on a symbolic one."""
+    return all(statically_known_true(a == b) for a, b in zip(r.stride(), o.stride()))
+
+
 def _same_view(r, o) -> bool:
     return r.storage_offset() == o.storage_offset() and (o.numel() <= 1 or same_strides(r, o))
 
@@ -405,11 +426,17 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
             src = _arg_by_name(schema, fargs, fkwargs, name)
             if is_write and o is not src:
                 raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
-            if is_write and resizes_like_functional(func) and isinstance(r, torch.Tensor) and o.numel() > 1 and not _same_view(r, o):
-                # NOTE: an out= tensor that eager resized takes the strides its kernel computes
-                # (a column-major input gives a column-major out): written again in that layout
-                o = _restride_written(emitter, o, r)
-                fixups.append("restride out")
+            if is_write and resizes_like_functional(func) and isinstance(r, torch.Tensor):
+                if o.numel() > 1 and not _same_view(r, o):
+                    # NOTE: an out= tensor that eager resized takes the strides its kernel computes
+                    # (a column-major input gives a column-major out): written again in that layout
+                    o = _restride_written(emitter, o, r)
+                    fixups.append("restride out")
+                elif not _surely_same_strides(r, o):
+                    # only strides no element is reached through differ (dims of size 1):
+                    # eager's, with nothing moved
+                    o = emitter(aten.as_strided_.default, (o, list(r.shape), list(r.stride()), r.storage_offset()), {})
+                    fixups.append("out strides")
             if not is_write and isinstance(src, torch.Tensor):
                 if o is src and func not in _IDENTITY:
                     o, _ = emitter(aten.alias.default, (o,), {}), fixups.append("alias")
@@ -471,6 +498,8 @@ def relayout(func, args, kwargs, out, ref):
                 values = aten.clone.default(o)
                 aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
                 aten.copy_.default(o, values)
+            elif o.stride() != r.stride():  # only size-1 dims differ: metadata alone
+                aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
         elif not same_strides(r, o) and not (i < len(ref.shares) and ref.shares[i]):  # (eager's views are not ours to move)
             fresh = aten.empty_strided.default(list(r.shape), list(r.stride()), dtype=o.dtype, device=o.device)
             flat[i] = aten.copy_.default(fresh, o)

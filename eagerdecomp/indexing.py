@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .overlap import storage_positions
 from .registry import project_decomposition
 from .variants import resize_out
 
@@ -160,16 +161,6 @@ def _overlaps(size, stride) -> bool:
     return False
 
 
-def _positions(size, stride, offset, device):
-    """The storage position of each element of a view (``size``-shaped, int64)."""
-    pos = aten.full.default([1] * len(size), offset, dtype=torch.int64, device=device)
-    for d, (k, s) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = k
-        pos = aten.add.Tensor(pos, aten.view.default(aten.mul.Tensor(aten.arange.default(k, device=device), s), shape))
-    return aten.expand.default(pos, list(size))
-
-
 # NOTE: as_strided_scatter(self, src, size, stride, offset) is eager's clone of self's whole
 # storage, seen as self (its strides and storage offset), with src copied into
 # clone.as_strided(size, stride, offset): positions in that storage, counted from its start
@@ -195,11 +186,11 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
         storage = aten.as_strided.default(aten.clone.default(self), [m], [1], 0)
     else:
         fresh = aten.empty.memory_format([m], dtype=self.dtype, device=self.device)
-        where = aten.reshape.default(_positions(list(self.shape), list(self.stride()), start, self.device), [-1])
+        where = aten.reshape.default(storage_positions(list(self.shape), list(self.stride()), start, self.device), [-1])
         storage = aten.index_put.default(fresh, [where], aten.reshape.default(self, [-1]))
     if 0 not in size:
         values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
-        storage = aten.index_put.default(storage, [aten.reshape.default(_positions(size, stride, offset, self.device), [-1])], values)
+        storage = aten.index_put.default(storage, [aten.reshape.default(storage_positions(size, stride, offset, self.device), [-1])], values)
     else:
         storage = aten.clone.default(storage)  # (a fresh result even when nothing is written)
     return aten.as_strided.default(storage, list(self.shape), list(self.stride()), start)

@@ -27,7 +27,9 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["guard", "check", "rules_for"]
+__all__ = ["guard", "check", "rules_for", "writes_expanded", "write_expanded", "storage_positions"]
+
+aten = torch.ops.aten
 
 INTERNAL = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory "
@@ -79,8 +81,9 @@ _MEASURED = {
         index_copy_.default index_select.out kron.out outer.out scatter.src_out scatter_.src
         scatter_add_.default stack.out take_along_dim.out
     """,
-    ("any", "partial"): "index_put_.default",
-    (): "conj_physical_.default masked_fill_.Scalar",
+    ("any", "partial"): "index_put_.default index_fill_.int_Scalar index_fill_.int_Tensor",
+    ("partial",): "masked_fill_.Scalar masked_fill_.Tensor",
+    (): "conj_physical_.default fill_.Scalar zero_.default threshold_.default",
 }
 _TABLE = {name: frozenset(rules) for rules, names in _MEASURED.items() for name in names.split()}
 _POINTWISE = frozenset({"internal", "partial"})
@@ -171,3 +174,64 @@ def guard(op, functional, dests, inputs) -> None:
     if emitter is not None and all(id(t) in emitter.env for t in dests + inputs):
         nodes = [emitter.node(t) for t in dests], [emitter.node(t) for t in inputs]
         emitter.graph.call_function(_replay_check, (tuple(sorted(rules)), *nodes))
+
+
+# NOTE: measured as the table above (torch 2.13, CPU): the in-place ops eager lets write a
+# tensor that overlaps itself (``torch.rand(1).expand(4).fill_(0)``); True where eager warns,
+# on every call, that this is deprecated. Every other in-place op refuses such a tensor.
+_EXPANDED_WRITES = {
+    "fill_.Scalar": False, "zero_.default": False, "threshold_.default": False,
+    "masked_fill_.Scalar": True, "masked_fill_.Tensor": True,
+    "index_fill_.int_Scalar": True, "index_fill_.int_Tensor": True, "index_put_.default": True,
+}
+EXPANDED_WARNING = (
+    "Use of {} on expanded tensors is deprecated. Please clone() the tensor before performing this operation. "
+    "This also applies to advanced indexing e.g. tensor[indices] = tensor"
+)
+
+
+def writes_expanded(op, dest) -> bool:
+    """True when ``op`` writes ``dest``, a tensor that overlaps itself, and eager allows it
+    (warning first where eager warns)."""
+    name = f"{op._schema.name.split('::')[-1]}.{op._overloadname}"
+    if name not in _EXPANDED_WRITES or not _internal(dest):
+        return False
+    if _EXPANDED_WRITES[name]:
+        import warnings
+
+        warnings.warn(EXPANDED_WARNING.format(name.split(".")[0]), UserWarning, stacklevel=3)
+    return True
+
+
+def storage_positions(size, stride, offset, device):
+    """The storage position of each element of a view (``size``-shaped, int64)."""
+    pos = aten.full.default([1] * len(size), offset, dtype=torch.int64, device=device)
+    for d, (k, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = k
+        pos = aten.add.Tensor(pos, aten.view.default(aten.mul.Tensor(aten.arange.default(k, device=device), s), shape))
+    return aten.expand.default(pos, list(size))
+
+
+def write_expanded(dest, result):
+    """Write ``result`` into ``dest``, a tensor that overlaps itself, as eager's kernels leave
+    its memory: a storage slot that some written position changed takes the value of the
+    last such position (row-major); every other slot keeps its value. NOTE: the ops that allow
+    it write one value per slot (a fill), or, index_put_, values whose order eager leaves
+    undefined (duplicate indices)."""
+    if dest.numel() == 0:
+        return dest
+    size, stride, lo = list(dest.shape), list(dest.stride()), dest.storage_offset()
+    span = 1 + sum((k - 1) * st for k, st in zip(size, stride))
+    slots = aten.as_strided.default(dest, [span], [1], lo)
+    pos = aten.sub.Tensor(aten.reshape.default(storage_positions(size, stride, lo, dest.device), [-1]), lo)
+    if result.dtype != dest.dtype:
+        result = aten._to_copy.default(result, dtype=dest.dtype)
+    new = aten.reshape.default(aten.expand.default(result, size), [-1])
+    old = aten.reshape.default(dest, [-1])
+    order = aten.arange.default(new.shape[0], device=dest.device)
+    who = aten.where.self(aten.ne.Tensor(new, old), order, aten.full_like.default(order, -1))
+    winner = aten.scatter_reduce.two(aten.full.default([span], -1, dtype=torch.int64, device=dest.device), 0, pos, who, "amax")
+    picked = aten.index_select.default(new, 0, aten.clamp_min.default(winner, 0))
+    aten.copy_.default(slots, aten.where.self(aten.ge.Scalar(winner, 0), picked, slots))
+    return dest

@@ -23,8 +23,10 @@ import warnings
 __all__ = ["quiet", "RESIZE_MESSAGE"]
 
 # NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
-# ours all contain it): the one warning raised while tracing that a kernel replays.
+# ours all contain it), and of its deprecation of writing expanded tensors (overlap.py): the
+# warnings raised while tracing that a kernel replays, as eager raises them on every call.
 RESIZE_MESSAGE = "was resized since it had shape"
+_REPLAYED = (RESIZE_MESSAGE, "on expanded tensors is deprecated")
 
 _tls = threading.local()
 _lock = threading.Lock()
@@ -38,7 +40,7 @@ class _WhileTracing:
         caught = getattr(_tls, "caught", None)
         if caught is None:
             return False
-        if RESIZE_MESSAGE in text:
+        if any(m in text for m in _REPLAYED):
             caught.append(text)
         return True
 

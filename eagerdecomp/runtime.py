@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
 from .lift import lift_positions, split, wrapped_positions
 from .exact import layout_matters, relayout, unalias
+from .checks import check
 from .fwad import below_forward_ad
 from .observe import log, profiling, ranged
 from .lift import LiftRefused
@@ -365,6 +366,8 @@ class Runtime:
         if layout_matters(func):
             with _disable_current_modes():  # the meta kernel's calls are no mode's to see
                 ref = reference(func, args, kwargs, refuse=True)
+        else:
+            check(func, args, kwargs)  # what eager refuses that a decomposition might not
         try:
             if profiling():
                 out = ranged("eager", func, lowerer.lower, func, args, kwargs)

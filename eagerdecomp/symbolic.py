@@ -90,12 +90,21 @@ def symbolic_layout(env, tensors: list) -> list:
     """
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
+    from torch._dynamo.source import TensorProperty, TensorPropertySource
+
     out = []
     for i, t in tensors:
         ctx = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim(), dynamic_strides=[DimDynamic.INFER_STRIDE] * t.dim()
         )
-        out.append(env.create_symbolic_sizes_strides_storage_offset(t, _source(i), symbolic_context=ctx))
+        sizes, strides, offset = env.create_symbolic_sizes_strides_storage_offset(t, _source(i), symbolic_context=ctx)
+        if t.dim() == 0:
+            # NOTE: ShapeEnv keeps the storage offset of a tensor with no dynamic size static; a
+            # 0-dim view (x[i] += y[j] in a loop) then had a kernel per offset
+            source = TensorPropertySource(_source(i), TensorProperty.STORAGE_OFFSET)
+            sym = env.create_symbol(t.storage_offset(), source, dynamic_dim=DimDynamic.DYNAMIC)
+            offset = env.create_symintnode(sym, hint=t.storage_offset(), source=source)
+        out.append((sizes, strides, offset))
     return out
 
 

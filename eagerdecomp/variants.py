@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .overlap import guard
+from .overlap import guard, write_expanded, writes_expanded
 from .schema import is_out, written
 
 __all__ = ["functional_variant", "variant_table", "foreach_table", "resize_out", "ResizeOutputWarning", "with_defaults"]
@@ -93,6 +93,8 @@ def _write(op, dest, result):
         raise RuntimeError(
             f"{op}: output with shape {list(dest.shape)} doesn't match the broadcast shape {list(result.shape)}"
         )
+    if writes_expanded(op, dest):  # copy_ refuses a destination that overlaps itself
+        return write_expanded(dest, result)
     return dest.copy_(result)
 
 

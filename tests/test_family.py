@@ -159,6 +159,22 @@ def test_strided_and_offset_inputs_share_a_kernel(fresh, view):
     assert row.traces <= 2 and row.family >= 3, (row.traces, row.exact_shapes)
 
 
+def test_scalar_views_at_any_offset_share_a_kernel(fresh):
+    # x[i] += y[j] in a Python loop: 0-dim views whose storage offset changes every call
+    # (ShapeEnv keeps a 0-dim tensor's offset static; each offset was a kernel of its own)
+    x, y = torch.zeros(50), torch.rand(50)
+    want = x.clone()
+    for i in range(2, 40, 3):
+        want[i] += y[i + 1]
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+        for i in range(2, 40, 3):
+            x[i] += y[i + 1]
+    rec.assert_only("core_aten")
+    assert torch.equal(x, want)
+    row = mode.report().row(aten.add_.Tensor)
+    assert row.traces <= 2 and row.family >= 10, (row.traces, row.family, row.exact_shapes)
+
+
 def test_inplace_returns_its_input_and_views_alias_at_every_shape(fresh):
     with ed.EagerDecompMode("core_aten"):
         for n in (3, 5, 8):

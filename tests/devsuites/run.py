@@ -23,7 +23,7 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .known import KNOWN
+from .known import reason_for, unused
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(os.environ.get("EAGERDECOMP_PYTORCH_TESTS", ROOT.parent / "shared" / "data" / "pytorch-tests"))
@@ -89,7 +89,7 @@ def compare(cpu: dict, dev: dict) -> dict:
             continue
         # NOTE: a test with no line crashed its worker (xdist starts another and goes on)
         d = dev.get(tid, {"outcome": "failed", "error": "Crash", "message": "no result on the device"})
-        known = KNOWN.get(tid)
+        known = reason_for(tid)
         bad_state = bool(d.get("state"))
         if d["outcome"] == "passed" and not bad_state:
             verdicts[tid] = "unexpected pass" if known else "passed"
@@ -105,11 +105,13 @@ def compare(cpu: dict, dev: dict) -> dict:
     return verdicts
 
 
-def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
+def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[str, dict]:
     by_file = defaultdict(Counter)
-    causes, ops, unexpected = Counter(), Counter(), []
+    causes, ops, reasons, unexpected = Counter(), Counter(), Counter(), []
     for tid, v in sorted(verdicts.items()):
         by_file[tid.split("::")[0]][v] += 1
+        if v == "known failure":
+            reasons[reason_for(tid)] += 1
         if v in ("known failure", "unexpected failure"):
             rec = dev.get(tid, {})
             causes[cause(rec)] += 1
@@ -117,7 +119,7 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
                 ops[rec["op"]] += 1
         if v.startswith("unexpected"):
             d = dev.get(tid, {})
-            unexpected.append((tid, v, cause(d) if v == "unexpected failure" else KNOWN[tid], d.get("message", "")))
+            unexpected.append((tid, v, cause(d) if v == "unexpected failure" else reason_for(tid), d.get("message", "")))
     cpu_passed = sum(1 for r in cpu.values() if r["outcome"] == "passed")
     passed = sum(1 for v in verdicts.values() if v == "passed")
     known = sum(1 for v in verdicts.values() if v == "known failure")
@@ -132,6 +134,8 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
         "causes": dict(causes.most_common()),
         "ops": dict(ops.most_common()),
         "state_changed": sorted(t for t, d in dev.items() if d.get("state")),
+        "known_by_reason": dict(reasons.most_common()),
+        "stale_known": list(stale),
     }
     lines = [
         f"# PyTorch's device suites on {DEVICE}",
@@ -150,6 +154,8 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
         c = by_file.get(f, Counter())
         lines.append(f"| {f} | " + " | ".join(str(c[k]) for k in ("passed", "known failure", "skipped on device",
                                                                   "unexpected failure", "unexpected pass")) + " |")
+    lines += ["", "## Known failures by reason", "", "| reason | tests |", "| --- | ---: |"]
+    lines += [f"| {k} | {n} |" for k, n in reasons.most_common()]
     lines += ["", "## Failures by cause", "", "| cause | tests |", "| --- | ---: |"]
     lines += [f"| {k} | {n} |" for k, n in causes.most_common()]
     lines += ["", "## Failures by op", "", "| op | tests |", "| --- | ---: |"]
@@ -157,6 +163,8 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files) -> tuple[str, dict]:
     if unexpected:
         lines += ["", "## Unexpected", ""]
         lines += [f"- `{t}`: {v} ({c}) {m[:200]}" for t, v, c, m in unexpected]
+    if stale:
+        lines += ["", "## Known-failure entries that match no test", ""] + [f"- `{p}`" for p in stale]
     return "\n".join(lines) + "\n", data
 
 
@@ -184,13 +192,14 @@ def main(argv=None) -> int:
         cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
         dev = run_device(DEVICE, workdir, args.files, select, args.jobs, args.timeout)
         verdicts = compare(cpu, dev)
-        text, data = summarize(cpu, dev, verdicts, args.files)
+        stale = [] if select else [p for p in unused(cpu) if p.split("::")[0] in args.files]
+        text, data = summarize(cpu, dev, verdicts, args.files, stale)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text(text)
         out.with_suffix(".json").write_text(json.dumps({"summary": data, "cpu": cpu, DEVICE: dev}, indent=1, sort_keys=True))
         print(text)
-        return 1 if data["unexpected"] or data["state_changed"] else 0
+        return 1 if data["unexpected"] or data["state_changed"] or data["stale_known"] else 0
     finally:
         if args.keep:
             print(f"kept {workdir}")
