@@ -151,7 +151,8 @@ void finish(Call& c) {
   }
   c.key.w.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())) |
                     (c10::GradMode::is_enabled() ? 1 << 8 : 0) | (c10::InferenceMode::is_enabled() ? 1 << 9 : 0) |
-                    (at::globalContext().deterministicAlgorithms() ? 1 << 10 : 0));
+                    (at::globalContext().deterministicAlgorithms() ? 1 << 10 : 0) |
+                    (at::globalContext().deterministicAlgorithmsWarnOnly() ? 1 << 11 : 0));
   // the kernel takes lifted floats in lift.py's order of positions (then elements), not the call's
   std::stable_sort(c.lifted.begin(), c.lifted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& v : c.lifted) c.inputs.push_back(std::move(v.second));

@@ -146,11 +146,13 @@ PyObject* ambient_state() {
   PyObject* grad = py_bool(c10::GradMode::is_enabled());
   PyObject* inference = py_bool(c10::InferenceMode::is_enabled());
   PyObject* deterministic = py_bool(at::globalContext().deterministicAlgorithms());
+  PyObject* warn_only = py_bool(at::globalContext().deterministicAlgorithmsWarnOnly());
   if (last && PyTuple_GET_ITEM(last, 0) == dtype && PyTuple_GET_ITEM(last, 1) == grad &&
-      PyTuple_GET_ITEM(last, 2) == inference && PyTuple_GET_ITEM(last, 3) == deterministic) {
+      PyTuple_GET_ITEM(last, 2) == inference && PyTuple_GET_ITEM(last, 3) == deterministic &&
+      PyTuple_GET_ITEM(last, 4) == warn_only) {
     return new_ref(last);
   }
-  PyObject* state = PyTuple_Pack(4, dtype, grad, inference, deterministic);
+  PyObject* state = PyTuple_Pack(5, dtype, grad, inference, deterministic, warn_only);
   if (!state) return nullptr;
   Py_XSETREF(last, new_ref(state));
   return state;

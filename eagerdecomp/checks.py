@@ -21,10 +21,15 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch._prims_common import alert_not_deterministic
 
+from . import overlap
 from .opset import resolve_op
+from .overlap import rules_for
+from .schema import written
+from .variants import functional_variant
 
-__all__ = ["check", "CHECKS", "checks_for"]
+__all__ = ["check", "CHECKS", "checks_for", "alert", "ALERTS"]
 
 aten = torch.ops.aten
 CHECKS: dict = {}  # OpOverload -> fn(*args, **kwargs) raising eager's error, or returning None
@@ -45,10 +50,30 @@ def checks_for(*ops):
 
 
 def check(func, args, kwargs) -> None:
-    """Raise what eager raises for this call where the table knows it; else nothing."""
+    """Raise what eager raises for this call where the table knows it; else nothing.
+
+    NOTE: memory overlap first: eager checks it as it builds its iterator, before any
+    dtype or shape check (``x[:-1] <<= x[1:]`` on floats is an overlap error)."""
+    if written(func):
+        _overlap(func, args, kwargs)
     fn = CHECKS.get(func)
     if fn is not None:
         fn(*args, **kwargs)
+
+
+def _overlap(func, args, kwargs) -> None:
+    functional = functional_variant(func)
+    if functional is None:
+        return
+    rules = rules_for(func, functional)
+    if not rules:
+        return
+    names = written(func)
+    dests, inputs = [], []
+    for i, a in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(a.name)
+        (dests if a.name in names else inputs).append(value)
+    overlap.check(rules, overlap.tensors(dests), overlap.tensors(inputs))
 
 
 # ATen's ScalarType names, which its messages use
@@ -100,6 +125,27 @@ def _elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_res
         )
 
 
+_LEAKY_IN_PLACE = (
+    "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
+    "This is caused by calling in-place forward function with a negative slope, please call out-of-place "
+    "version instead. File an issue at https://github.com/pytorch/pytorch if you do require supporting "
+    "in-place leakRelu backward calculation with negative slope"
+)
+
+
+@checks_for(aten.leaky_relu_backward)
+def _leaky_relu_backward(grad_output, self, negative_slope, self_is_result, **out):
+    if self_is_result and negative_slope < 0:  # as for elu_ above
+        raise RuntimeError(_LEAKY_IN_PLACE)
+
+
+@checks_for(aten.rrelu_with_noise_backward)
+def _rrelu_with_noise_backward(grad_output, self, noise, lower, upper, training, self_is_result, **out):
+    # NOTE: out of training eager's kernel is leaky_relu_backward with the mean slope
+    if not training and self_is_result and (float(lower) + float(upper)) / 2 < 0:
+        raise RuntimeError(_LEAKY_IN_PLACE)
+
+
 @checks_for(aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar, aten.index_fill.int_Scalar_out)
 def _index_fill(self, dim, index, value, **out):
     if isinstance(value, complex) and not self.is_complex():
@@ -117,3 +163,24 @@ def _logcumsumexp_out(self, dim, *, out):
     # NOTE: unlike a TensorIterator op, its out= must have the input's dtype
     if out.dtype != self.dtype:
         raise RuntimeError(f"expected scalar_type {scalar_type_name(self.dtype)} but found {scalar_type_name(out.dtype)}")
+
+
+# NOTE: under torch.use_deterministic_algorithms(True) eager's CPU kernels of these ops raise
+# (or, with warn_only, warn) that they have no deterministic implementation; the name is the
+# one eager's message gives. Checked as the called op is lowered, inside the trace, so a kernel
+# traced under warn_only replays the warning on every call (the flags are in every key).
+ALERTS = {}  # OpOverload -> fn(*args, **kwargs): the caller name to alert with, or None
+
+
+def alert(func, args, kwargs) -> None:
+    """Eager's nondeterminism alert for this call, where eager's kernel makes one."""
+    name = ALERTS.get(func)
+    if name is not None and torch.are_deterministic_algorithms_enabled():
+        caller = name(*args, **kwargs)
+        if caller is not None:
+            alert_not_deterministic(caller)  # eager's message; raises, or warns under warn_only
+
+
+# (max_unpool's alert is made by PyTorch's decomposition itself)
+for _op in resolve_op(aten.put_) + resolve_op(aten.put):
+    ALERTS[_op] = lambda self, index, source, accumulate=False, **out: None if accumulate else "put_"

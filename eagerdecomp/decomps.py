@@ -12,6 +12,7 @@ import itertools
 import torch
 from torch._prims_common import suggest_memory_format
 
+from .checks import scalar_type_name
 from .lift import to_float32
 from .overlap import guard
 from .registry import project_decomposition
@@ -169,19 +170,21 @@ def exp2(self):
     return aten.pow.Scalar(2, self)
 
 
-# NOTE: no decomposition in PyTorch; the sum over the batch of bmm is its definition.
+# NOTE: no decomposition in PyTorch. Eager's kernel adds one batch at a time into the result,
+# an addmm per batch (beta applied by the first): the same chain of core addmm calls here,
+# bitwise eager in every dtype (a bmm summed over the batch rounds in another order).
 @project_decomposition(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    dtype = batch1.dtype
-    if not dtype.is_floating_point and (type(alpha) is float or type(beta) is float):
-        return NotImplemented  # eager truncates float scalars to the integer dtype first
-    if dtype in (torch.float16, torch.bfloat16):  # accumulate the batch in float32, as eager
-        batch1, batch2 = (aten._to_copy.default(b, dtype=torch.float32) for b in (batch1, batch2))
-    total = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
-    total = total if alpha == 1 else aten.mul.Tensor(total, alpha)
-    if beta != 0:  # beta == 0: as eager, self is ignored, NaN and inf in it included
-        total = aten.add.Tensor(self if beta == 1 else aten.mul.Tensor(self, beta), total)
-    return total if total.dtype == dtype else aten._to_copy.default(total, dtype=dtype)
+    out = aten.expand.default(self, [batch1.shape[1], batch2.shape[2]])
+    if batch1.shape[0] == 0:  # eager: self's copy, times beta in place (a float beta on integers refused)
+        if beta == 0:
+            return aten.zeros_like.default(out, memory_format=torch.contiguous_format)
+        if type(beta) is float and not (self.dtype.is_floating_point or self.dtype.is_complex):
+            raise RuntimeError(f"result type Float can't be cast to the desired output type {scalar_type_name(self.dtype)}")
+        return aten.mul.Tensor(out, beta)
+    for i in range(batch1.shape[0]):
+        out = aten.addmm.default(out, aten.select.int(batch1, 0, i), aten.select.int(batch2, 0, i), beta=beta if i == 0 else 1, alpha=alpha)
+    return out
 
 
 # NOTE: resize_ is core; resize_as_ is resize_ to the template's sizes, then its memory

@@ -48,7 +48,7 @@ from .quiet import quiet
 
 __all__ = ["enabled", "Store", "store_for", "clear"]
 
-FORMAT = 3  # bumped when the entry layout or what a key means changes: older entries then read as stale
+FORMAT = 4  # bumped when the entry layout or what a key means changes: older entries then read as stale
 _warned = threading.Event()  # one warning per process for unreadable entries
 
 

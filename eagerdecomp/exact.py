@@ -41,7 +41,7 @@ from .lower import _IDENTITY
 from .quiet import quiet
 from .schema import out_args, resizes_like_functional, returns_tensor
 
-__all__ = ["fakes_like", "reference", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
+__all__ = ["fakes_like", "reference", "Refusal", "refused", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
 
 aten = torch.ops.aten
 
@@ -106,12 +106,26 @@ class _Ref:
         return self.outs[i] if i < len(self.outs) else None
 
 
-def new_fake_mode(shape_env=None) -> FakeTensorMode:
-    # NOTE: no fallback kernels: for an op without a meta kernel FakeTensorMode would run the
-    # real one on zeros of the fake's device, executing it for real while tracing; on a device
-    # the switch serves that re-enters our own fallback with fakes. Such an op has no meta
-    # reference, and a call of one that a decomposition makes is decomposed eagerly instead.
-    mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False)
+def refused(ref):
+    """``(ref, refusal)``: a :func:`reference` split into the metadata (None on a refusal) and
+    the :class:`Refusal` (or None)."""
+    return (None, ref) if isinstance(ref, Refusal) else (ref, None)
+
+
+def real_kernels_ok(tensors) -> bool:
+    """Whether fake tensors of ``tensors`` may run an op's real kernel on zeros (FakeTensorMode's
+    fallback for an op with no meta kernel: its only way to know eager's output layout).
+
+    NOTE: not on a PrivateUse1 device, the one the switch serves: the real kernel there is our
+    own fallback, re-entered with fakes inside ``no_dispatch`` where nothing can be traced. Such
+    an op has no meta reference there, and a call of it inside a trace is decomposed eagerly.
+    """
+    name = torch._C._get_privateuse1_backend_name()
+    return not any(t.device.type == name for t in tensors)
+
+
+def new_fake_mode(shape_env=None, tensors=()) -> FakeTensorMode:
+    mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=real_kernels_ok(tensors))
     # NOTE: FakeTensorMode's dispatch cache is class-wide and unbounded, keyed by shapes: with
     # shapes that change every call it grows for the life of the process. Our kernel cache is
     # the bounded one; a trace meets each (op, shape) about once, so the fake cache buys little.
@@ -122,8 +136,8 @@ def new_fake_mode(shape_env=None) -> FakeTensorMode:
 _local = threading.local()
 
 
-def concrete_fake_mode() -> FakeTensorMode:
-    """This thread's fake mode for references at concrete sizes, made once.
+def concrete_fake_mode(tensors) -> FakeTensorMode:
+    """This thread's fake mode for references at concrete sizes of ``tensors``, made once.
 
     NOTE: FakeTensorMode() records the stack it is made on, which costs a third of a
     reference in a deep program (a model's forward under ``generate()``). Only fakes made by
@@ -132,6 +146,7 @@ def concrete_fake_mode() -> FakeTensorMode:
     mode = getattr(_local, "mode", None)
     if mode is None:
         mode = _local.mode = new_fake_mode()
+    mode.allow_fallback_kernels = real_kernels_ok(tensors)
     return mode
 
 
@@ -183,20 +198,38 @@ _NO_META = (
 )
 
 
+class Refusal:
+    """The meta kernel rejected the call's arguments (a :func:`reference` with ``refuse=True``):
+    eager rejects them too. Raised once a decomposition is known to compute something for them;
+    where the decomposition raises an error of its own, that error stands (eager's message,
+    more often than the meta kernel's)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+# NOTE: meta kernels that reject what the kernel eagerdecomp stands for accepts, each with why.
+_META_STRICTER = {
+    aten._grouped_mm.default: "its meta kernel requires CUDA's bf16 inputs; the CPU kernel takes float32",
+    aten.histc.default: "its meta kernel rejects integers as the CPU kernel does; eagerdecomp bins them as CUDA",
+    aten.histc.out: "as histc",
+}
+
+
 def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel.
 
     ``mode`` and ``fakes`` (the call's tensors in key order) are given for a family trace,
-    whose fakes have symbolic sizes. ``refuse=True`` raises what the meta kernel raises
-    when it rejects the call's arguments: eager rejects them too, with that error, where a
-    decomposition might compute a result (addcdiv on integers, a padding of an empty dim),
-    and first what :mod:`eagerdecomp.checks` knows eager refuses.
+    whose fakes have symbolic sizes. ``refuse=True`` first raises what :mod:`eagerdecomp.checks`
+    knows eager raises, then answers a rejection by the meta kernel with a :class:`Refusal`
+    (one it checks with AssertionError is raised at once, as eager's RuntimeError).
     """
     if refuse:
         check(func, args, kwargs)
     if mode is None:
-        mode = new_fake_mode()
-        fakes = [mode.from_tensor(t) for t in flat_tensors(args, kwargs)]
+        tensors = flat_tensors(args, kwargs)
+        mode = new_fake_mode(tensors=tensors)
+        fakes = [mode.from_tensor(t) for t in tensors]
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
@@ -209,13 +242,14 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         return None
     except AssertionError as e:
         # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
-        # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message
-        if refuse:
+        # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message;
+        # the decomposition would raise the AssertionError itself
+        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
             raise RuntimeError(str(e)) from None
         return None
-    except (RuntimeError, ValueError, IndexError):  # what argument checks raise (torch._check...)
-        if refuse:
-            raise
+    except (RuntimeError, ValueError, IndexError) as e:  # what argument checks raise (torch._check...)
+        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
+            return Refusal(e)
         return None
     except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
         return None
@@ -226,6 +260,21 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     if like_functional and len(before) == len(outs) and any(b != o.shape for b, o in zip(before, outs)):
         outs = _functional_strides(func, fargs, fkwargs, outs, before, mode)
     return _Ref(outs, fakes)
+
+
+def _refused_by_the_op_itself(e) -> bool:
+    """Whether the meta kernel of the op called raised ``e``, not the meta kernel of an op it
+    called in turn. NOTE: a meta kernel written in Python runs other ops, whose own meta
+    kernels may reject what the kernel accepts (gather's index dtype inside nll_loss's, with
+    a uint8 target eager takes): a limit of the meta kernel, not a refusal of the call. Each
+    op dispatched to the fake mode passes its _dispatch_impl once."""
+    depth, tb = 0, e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "_dispatch_impl" and code.co_filename.endswith("fake_tensor.py"):
+            depth += 1
+        tb = tb.tb_next
+    return depth <= 1
 
 
 def _functional_strides(func, fargs, fkwargs, outs, before, mode):

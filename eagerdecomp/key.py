@@ -10,7 +10,7 @@ scalars), hashes once, and compares by value:
   kernel's placeholders are per object);
 * every other argument, recursively, as ``(type(x), x)``: ``1`` and ``1.0``
   promote differently, so they must not share a kernel;
-* ambient state: default dtype, grad mode, inference mode, deterministic flag.
+* ambient state: default dtype, grad mode, inference mode, deterministic flag (and warn-only).
 
 A call that cannot be keyed raises :class:`Bypass` with a reason, and is then
 decomposed eagerly (still only opset ops below), never replayed.
@@ -123,6 +123,7 @@ def ambient_state() -> tuple:
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
         torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),  # an alert raises or warns
     )
 
 

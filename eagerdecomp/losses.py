@@ -1,4 +1,5 @@
-"""CTC loss (speech models' training heads: Wav2Vec2ForCTC, HuBERT, ...) in core ops.
+"""CTC loss (speech models' training heads: Wav2Vec2ForCTC, HuBERT, ...) in core ops, and
+nll_loss's uint8 targets.
 
 NOTE: no decomposition in PyTorch. The forward is the CPU kernel's alpha recursion over
 time, vectorized over the batch and the extended target (blanks interleaved with the
@@ -53,6 +54,8 @@ def _lse3(a, b, c):
 def _shift(x, k):
     """``x[:, s - k]`` along dim 1 (``-inf`` where ``s - k`` is out of range); ``k`` may be negative."""
     n, width = x.shape
+    if abs(k) >= width:  # every position shifted out (an all-blank target has width 1)
+        return aten.full.default([n, width], _NEG_INF, dtype=x.dtype, device=x.device)
     pad = aten.full.default([n, abs(k)], _NEG_INF, dtype=x.dtype, device=x.device)
     if k > 0:
         return aten.cat.default([pad, aten.slice.Tensor(x, 1, 0, width - k)], 1)
@@ -73,6 +76,8 @@ def _setup(log_probs, targets, input_lengths, target_lengths, blank):
 
 
 def _shift_int(ext, k):
+    if k >= ext.shape[1]:
+        return aten.full.default(list(ext.shape), -1, dtype=ext.dtype, device=ext.device)
     pad = aten.full.default([ext.shape[0], k], -1, dtype=ext.dtype, device=ext.device)
     return aten.cat.default([pad, aten.slice.Tensor(ext, 1, 0, ext.shape[1] - k)], 1)
 
@@ -173,6 +178,8 @@ def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, n
 
 
 def _shift_back_int(ext):
+    if ext.shape[1] <= 2:
+        return aten.full.default(list(ext.shape), -1, dtype=ext.dtype, device=ext.device)
     pad = aten.full.default([ext.shape[0], 2], -1, dtype=ext.dtype, device=ext.device)
     return aten.cat.default([aten.slice.Tensor(ext, 1, 2, ext.shape[1]), pad], 1)
 
@@ -180,3 +187,24 @@ def _shift_back_int(ext):
 @project_decomposition(aten._ctc_loss_backward.Tensor)
 def ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False):
     return ctc_loss_backward(grad, log_probs, targets, _ints(input_lengths), _ints(target_lengths), neg_log_likelihood, log_alpha, blank, zero_infinity)
+
+
+# NOTE: nll_loss's kernel takes uint8 class indices as well as int64 ones; PyTorch's
+# decomposition gathers with the target, and gather takes int64 only. The same, widened.
+def _widened_target(op):
+    import torch._decomp
+
+    inner = torch._decomp.decomposition_table[op]
+
+    def nll(*args, **kwargs):
+        args = list(args)
+        at = 1 if op is aten.nll_loss_forward.default else 2  # (self, target...) / (grad, self, target...)
+        if args[at].dtype == torch.uint8:
+            args[at] = aten._to_copy.default(args[at], dtype=torch.int64)
+        return inner(*args, **kwargs)
+
+    return nll
+
+
+for _op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
+    project_decomposition(_op)(_widened_target(_op))

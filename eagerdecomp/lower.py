@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import routes
+from .checks import alert
 from .routes import is_infrastructure  # noqa: F401 - re-exported
 from .variants import functional_variant
 
@@ -75,6 +76,8 @@ class Lowerer(TorchDispatchMode):
         chain = self.chain
         if chain.count(func) >= MAX_REENTRY or len(chain) >= MAX_DEPTH:
             raise Stuck(chain + [func], "decomposition cycle")
+        if not chain:  # the op called: eager's nondeterminism alert, where its kernel makes one
+            alert(func, args, kwargs)
         chain.append(func)
         try:
             fn = self.table.get(func) or routes.implementation(func, args, kwargs)

@@ -26,6 +26,13 @@ def _as_2d(self, target):
     return self, target
 
 
+def _scale(reduction, n, c) -> float:
+    # an empty input has an empty gradient: no scale to compute (1 / 0)
+    if n * c == 0:
+        return 0.0
+    return 1.0 / (n * c) if reduction == _MEAN else 1.0 / c
+
+
 def _scale_by_grad(grad, grad_output, reduction, n):
     if reduction == _NONE and grad_output.dim() > 0:
         return aten.mul.Tensor(grad, aten.reshape.default(grad_output, [n, 1]))
@@ -40,7 +47,7 @@ def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None
     x, _ = _as_2d(self, target)
     n, c = x.shape
     y = aten.reshape.default(target, [n, 1])
-    g = 1.0 / (n * c) if reduction == _MEAN else 1.0 / c
+    g = _scale(reduction, n, c)
     x_y = aten.gather.default(x, 1, y)
     z = aten.add.Tensor(aten.sub.Tensor(x, x_y), margin)
     classes = aten.unsqueeze.default(aten.arange.default(c, device=x.device), 0)
@@ -65,7 +72,7 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
     x, t = _as_2d(self, target)
     n, c = x.shape
     marks = aten.reshape.default(is_target, [n, c])
-    g = 1.0 / (n * c) if reduction == _MEAN else 1.0 / c
+    g = _scale(reduction, n, c)
     ended = aten.cumsum.default(aten._to_copy.default(aten.eq.Scalar(t, -1), dtype=torch.int64), 1)
     valid = aten.eq.Scalar(ended, 0)  # [n, c]: targets before the first -1
     y = aten.where.self(valid, t, aten.zeros_like.default(t))
@@ -101,7 +108,7 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
 # reading there; a class named twice counts twice, as in the kernel's loop.
 @project_decomposition(aten.multilabel_margin_loss_forward.default)
 def multilabel_margin_loss_forward(self, target, reduction):
-    if not self.dtype.is_floating_point or self.dim() > 2 or self.shape != target.shape or self.numel() == 0:
+    if not self.dtype.is_floating_point or self.dim() > 2 or self.shape != target.shape:
         return NotImplemented
     # NOTE: a 1-d input with reduction='none': the CPU kernel returns a 0-dim loss, its meta kernel
     # a [1] one, and a trace is checked against the meta kernel; declined (a clear error) rather

@@ -27,7 +27,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["guard", "check", "rules_for", "writes_expanded", "write_expanded", "storage_positions"]
+__all__ = ["guard", "check", "rules_for", "tensors", "writes_expanded", "write_expanded", "storage_positions"]
 
 aten = torch.ops.aten
 
@@ -78,7 +78,7 @@ _MEASURED = {
     """,
     ("any", "internal", "partial"): """
         addr.out cat.out diff.out gather.out ger.out index_add.out index_add_.default
-        index_copy_.default index_select.out kron.out outer.out scatter.src_out scatter_.src
+        index_copy_.default index_select.out kron.out outer.out put_.default scatter.src_out scatter_.src
         scatter_add_.default stack.out take_along_dim.out
     """,
     ("any", "partial"): "index_put_.default index_fill_.int_Scalar index_fill_.int_Tensor",
@@ -133,12 +133,14 @@ def check(rules, dests, inputs) -> None:
                 raise RuntimeError(PARTIAL)
 
 
-def _tensors(x, out: list) -> list:
+def tensors(x, out: list | None = None) -> list:
+    """Every tensor in ``x`` (a tensor, or lists and tuples of them, nested)."""
+    out = [] if out is None else out
     if isinstance(x, torch.Tensor):
         out.append(x)
     elif isinstance(x, (list, tuple)):
         for y in x:
-            _tensors(y, out)
+            tensors(y, out)
     return out
 
 
@@ -165,8 +167,8 @@ def guard(op, functional, dests, inputs) -> None:
     rules = rules_for(op, functional)
     if not rules:
         return
-    dests = _tensors(dests, [])
-    inputs = _tensors(inputs, [])
+    dests = tensors(dests)
+    inputs = tensors(inputs)
     check(rules, dests, inputs)
     if not inputs or not ({"partial", "any"} & rules):
         return  # internal overlap depends on strides alone, which the cache key holds
@@ -229,9 +231,16 @@ def write_expanded(dest, result):
         result = aten._to_copy.default(result, dtype=dest.dtype)
     new = aten.reshape.default(aten.expand.default(result, size), [-1])
     old = aten.reshape.default(dest, [-1])
+    if dest.dtype in _BAREBONES:  # compared and gathered as int64 (same values), written back
+        new, old = (aten._to_copy.default(t, dtype=torch.int64) for t in (new, old))
     order = aten.arange.default(new.shape[0], device=dest.device)
     who = aten.where.self(aten.ne.Tensor(new, old), order, aten.full_like.default(order, -1))
     winner = aten.scatter_reduce.two(aten.full.default([span], -1, dtype=torch.int64, device=dest.device), 0, pos, who, "amax")
     picked = aten.index_select.default(new, 0, aten.clamp_min.default(winner, 0))
-    aten.copy_.default(slots, aten.where.self(aten.ge.Scalar(winner, 0), picked, slots))
+    current = aten._to_copy.default(slots, dtype=torch.int64) if dest.dtype in _BAREBONES else slots
+    aten.copy_.default(slots, aten.where.self(aten.ge.Scalar(winner, 0), picked, current))
     return dest
+
+
+# unsigned types wider than a byte: few CPU kernels (no comparison, no index_select) take them
+_BAREBONES = (torch.uint16, torch.uint32, torch.uint64)

@@ -23,10 +23,11 @@ import warnings
 __all__ = ["quiet", "RESIZE_MESSAGE"]
 
 # NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
-# ours all contain it), and of its deprecation of writing expanded tensors (overlap.py): the
-# warnings raised while tracing that a kernel replays, as eager raises them on every call.
+# ours all contain it), of its deprecation of writing expanded tensors (overlap.py) and of its
+# nondeterminism alert under warn_only (checks.py): the warnings raised while tracing that a
+# kernel replays, as eager raises them on every call.
 RESIZE_MESSAGE = "was resized since it had shape"
-_REPLAYED = (RESIZE_MESSAGE, "on expanded tensors is deprecated")
+_REPLAYED = (RESIZE_MESSAGE, "on expanded tensors is deprecated", "does not have a deterministic implementation")
 
 _tls = threading.local()
 _lock = threading.Lock()

@@ -30,7 +30,7 @@ from .disk import store_for
 from .family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from .family import enabled as family_enabled
 from .symbolic import NotGeneric
-from .exact import concrete_fake_mode, fakes_like, reference, same_strides
+from .exact import Refusal, concrete_fake_mode, fakes_like, reference, refused, same_strides
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import _disable_current_modes
 from .table import default_table
@@ -261,8 +261,10 @@ class Runtime:
         def ref():
             if not eager:
                 with _disable_current_modes():
-                    mode = concrete_fake_mode()
+                    mode = concrete_fake_mode(tensors)
                     eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True))
+            if isinstance(eager[0], Refusal):  # the family's kernel would answer: eager refuses
+                raise eager[0].error
             return eager[0]
 
         def find(members):
@@ -362,10 +364,12 @@ class Runtime:
         lowerer = Lowerer(self.opset, self.table, _call)
         # NOTE: no kernel here, so no trace's check of the layout: eager's is read before the
         # call (an out= is resized by it) and the results are moved to it after
-        ref = None
+        ref = refusal = None
         if layout_matters(func):
             with _disable_current_modes():  # the meta kernel's calls are no mode's to see
-                ref = reference(func, args, kwargs, refuse=True)
+                ref, refusal = refused(reference(func, args, kwargs, refuse=True))
+            if refusal is not None and func._schema.is_mutable:  # refused before anything is written
+                raise refusal.error
         else:
             check(func, args, kwargs)  # what eager refuses that a decomposition might not
         try:
@@ -375,6 +379,8 @@ class Runtime:
                 out = lowerer.lower(func, args, kwargs)
         except Stuck as e:
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
+        if refusal is not None:  # the decomposition raised nothing of its own where eager refuses
+            raise refusal.error
         self.stats.record(func, Route.EAGER, reason, cache)
         return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
 

@@ -31,7 +31,7 @@ from .variants import foreach_table, variant_table
 __all__ = ["default_table", "FILL_MODULES"]
 
 # eagerdecomp's own fills, one module per family; each registers its entries at import.
-FILL_MODULES = ("decomps", "amp", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
+FILL_MODULES = ("decomps", "amp", "conj", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
 
 def _torch_core_table() -> Table:
     import torch._decomp as d

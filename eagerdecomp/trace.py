@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from .errors import MismatchError, TraceError, UnsupportedOpError
-from .exact import check_devices, fakes_like, finish_outputs, new_fake_mode, reference, swap_tensors
+from .exact import check_devices, fakes_like, finish_outputs, new_fake_mode, reference, refused, swap_tensors
 from .family import Member, out_meta, read_ints
 from .key import Bypass
 from .lift import LiftRefused, same_kernel, stand_ins, with_values
@@ -132,17 +132,21 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     """
     check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
-        ref = reference(func, args, kwargs, refuse=True)
+        ref, refusal = refused(reference(func, args, kwargs, refuse=True))
         if not lifted:
-            return _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
-        kernels = []
-        for which in (0, 1):
-            values = stand_ins(lifted, which)
-            a, k = _with_values(args, kwargs, lifted, values)
-            kernels.append(_trace_once(func, a, k, tensors, opset, table, ref, values))
-        if not same_kernel(*kernels):
-            raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
-        return kernels[0]
+            kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
+        else:
+            kernels = []
+            for which in (0, 1):
+                values = stand_ins(lifted, which)
+                a, k = _with_values(args, kwargs, lifted, values)
+                kernels.append(_trace_once(func, a, k, tensors, opset, table, ref, values))
+            if not same_kernel(*kernels):
+                raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
+            kernel = kernels[0]
+    if refusal is not None:  # the decomposition computes something where eager refuses
+        raise refusal.error
+    return kernel
 
 
 def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(), paths=()) -> Member:
@@ -208,12 +212,12 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=())
         first.setdefault(id(t), i)
     made = dict(zip(first.values(), symbolic_layout(env, [(i, tensors[i]) for i in first.values()])))
     layouts = [made[first[id(t)]] for t in tensors]
-    ref_mode, guard_mode = new_fake_mode(env), new_fake_mode(env)
+    ref_mode, guard_mode = new_fake_mode(env, tensors), new_fake_mode(env, tensors)
     ref = reference(func, args, kwargs, ref_mode, _symbolic_fakes(ref_mode, tensors, layouts))
     if ref is None:
         raise NotGeneric("no meta kernel to check other shapes against")
     placeholders = _symbolic_fakes(guard_mode, tensors, layouts)  # untouched by the call, for the guard
-    fake_mode = new_fake_mode(env)
+    fake_mode = new_fake_mode(env, tensors)
     fakes = _symbolic_fakes(fake_mode, tensors, layouts)
     finals: list = []
     kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals, len(paths))
@@ -237,7 +241,7 @@ def _guard_source(env, placeholders, ints) -> str:
 
 def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None, n_ints=0) -> Kernel:
     if fake_mode is None:
-        fake_mode = new_fake_mode()
+        fake_mode = new_fake_mode(tensors=tensors)
         fakes = [fake_mode.from_tensor(t) for t in tensors]
     emitter = _Emitter(fake_mode)
     for i, f in enumerate(fakes):

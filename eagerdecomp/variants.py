@@ -58,7 +58,13 @@ def functional_variant(op):
     if not out and not name.endswith("_"):
         return None
     ns = getattr(torch.ops, op._schema.name.split("::")[0])
-    packet = getattr(ns, name if out else name[:-1], None)
+    if out:
+        base = name
+    elif name.startswith("__i") and name.endswith("__"):  # x <<= y: __ilshift__ -> __lshift__
+        base = "__" + name[3:]
+    else:
+        base = name[:-1]
+    packet = getattr(ns, base, None)
     if packet is None:
         return None
     want, _ = _arg_types(op, skip_out=out)

@@ -74,7 +74,22 @@ REFUSED = {  # case: (fn, tensors..., eager's error type); the meta kernel or ea
         torch.ones(1, 1, 4, 4, dtype=torch.int64), NotImplementedError,
     ),
     "backward of elu_ with a negative alpha": (_elu_backward_of_in_place, torch.tensor([-1.0, 1.0]), RuntimeError),
+    "backward of leaky_relu_ with a negative slope": (
+        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.leaky_relu_(t, -2.0)), torch.tensor([-1.0, 1.0]),
+        RuntimeError,
+    ),
+    "backward of rrelu_ out of training with a negative mean slope": (
+        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.rrelu_(t, -5.0, 1.0)), torch.tensor([-1.0, 1.0]),
+        RuntimeError,
+    ),
 }
+
+
+def _backward_of_in_place(a, fn):
+    a = a.clone().requires_grad_()
+    b = fn(a.clone())
+    b.backward(torch.ones_like(b))
+    return a.grad
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -192,3 +207,62 @@ def test_other_in_place_ops_still_refuse_an_expanded_tensor(switched_device):
         with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
             with ed.EagerDecompMode("core_aten"):
                 _expanded(device).clamp_(0.2, 0.5)
+
+
+@pytest.mark.parametrize("loss", ["multi_margin", "multilabel_margin"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_losses_of_an_empty_batch_have_an_empty_gradient(loss, reduction, switched_device):
+    # NOTE: eager's CPU kernels leave a mean or sum over no samples uninitialized (its value is
+    # whatever memory held); the gradient is defined: empty
+    mod = torch.nn.MultiMarginLoss(reduction=reduction) if loss == "multi_margin" else torch.nn.MultiLabelMarginLoss(reduction=reduction)
+    target = torch.ones(0, dtype=torch.long) if loss == "multi_margin" else torch.ones(0, 10, dtype=torch.long)
+    for device in ("mode", switched_device):
+        x = torch.randn(0, 10, device="cpu" if device == "mode" else device, requires_grad=True)
+        t = target.to(x.device)
+        if device == "mode":
+            with ed.EagerDecompMode("core_aten"):
+                mod(x, t).sum().backward()
+        else:
+            mod(x, t).sum().backward()
+        assert x.grad.shape == (0, 10) and x.grad.device == x.device
+
+
+def test_nll_loss_takes_uint8_targets_as_eager(switched_device):
+    x, t = torch.randn(5, 4), torch.tensor([0, 3, 1, 2, 3], dtype=torch.uint8)
+
+    def fn(x, t):
+        x = x.clone().requires_grad_()
+        loss = torch.nn.functional.nll_loss(x, t)
+        loss.backward()
+        return torch.cat([loss.reshape(1), x.grad.reshape(-1)])
+
+    native, mode, dev = _run_everywhere(fn, x, t, device=switched_device)
+    assert _same(mode, native) and _same(dev, native)
+
+
+@pytest.mark.parametrize("warn_only", [False, True])
+def test_nondeterminism_alerts_as_eager(warn_only, switched_device):
+    import warnings
+
+    def run(device):
+        a = torch.randn(10, device=device)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                a.put_(torch.tensor([0, 0], device=device), torch.tensor([0.0, 1.0], device=device))
+            except RuntimeError as e:
+                return "raised", "put_ does not have a deterministic implementation" in str(e)
+        return "warned", sum("put_ does not have a deterministic implementation" in str(w.message) for w in seen)
+
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        want = run("cpu")
+        assert want == (("warned", 1) if warn_only else ("raised", True))
+        for _ in range(2):  # traced, then replayed
+            with ed.EagerDecompMode("core_aten"):
+                assert run("cpu") == want
+            assert run(switched_device) == want
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with ed.EagerDecompMode("core_aten"):  # and nothing when the flag is off
+        assert run("cpu") == ("warned", 0)

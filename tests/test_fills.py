@@ -1,5 +1,7 @@
 """The issue-18 fills against native eager: forward values and autograd of the native forward."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,6 +71,7 @@ CTC = [  # (T, N, C, target lengths, input lengths, 2-D targets, reduction, zero
     (12, 3, 5, [4, 0, 3], [12, 10, 7], False, "sum", False, False),
     (12, 3, 5, [4, 1, 3], [12, 10, 7], True, "none", False, True),
     (4, 2, 5, [4, 3], [4, 2], True, "none", True, False),  # the second cannot align: inf, zeroed
+    (6, 3, 5, [0, 0, 0], [6, 4, 5], True, "mean", False, False),  # only blanks: the recursion is 1 wide
 ]
 
 
@@ -78,7 +81,7 @@ def test_ctc_loss(dtype, case):
     T, N, C, tls, ils, two_d, reduction, zero_inf, as_tensors = case
     g = torch.Generator().manual_seed(0)
     lp = torch.randn(T, N, C, dtype=dtype, generator=g).log_softmax(2).requires_grad_()
-    targets = torch.randint(1, C, (N, max(tls)) if two_d else (sum(tls),), generator=g)
+    targets = torch.randint(1, C, (N, max(max(tls), 2)) if two_d else (sum(tls),), generator=g)
     il, tl = (torch.tensor(ils), torch.tensor(tls)) if as_tensors else (ils, tls)
     fn = lambda lp: F.ctc_loss(lp, targets, il, tl, reduction=reduction, zero_infinity=zero_inf)  # noqa: E731
     want, got = _both(fn, lp)
@@ -451,3 +454,25 @@ def test_assert_async_raises_eagers_errors():
                     with pytest.raises(RuntimeError) as ours:
                         torch._assert_async(x, *args)
                     assert str(ours.value) == native
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1)])
+def test_addbmm_is_bitwise_eager(dtype, beta, alpha):
+    # eager adds one batch at a time (an addmm each); a bmm summed over the batch rounded
+    # otherwise (past float32's tolerance on some CPUs)
+    g = torch.Generator().manual_seed(0)
+    for batches, n, m, p in ((5, 3, 7, 4), (1, 2, 2, 2), (0, 3, 2, 4), (9, 8, 16, 5)):
+        s = (torch.randn(n, p, generator=g) * 4).to(dtype)
+        b1, b2 = ((torch.randn(*shape, generator=g) * 4).to(dtype) for shape in ((batches, n, m), (batches, m, p)))
+        if batches == 0 and not dtype.is_floating_point and type(beta) is float:
+            # eager scales self in place by beta when there is no batch: refused on integers
+            for mode in (contextlib.nullcontext(), ed.EagerDecompMode("core_aten")):
+                with pytest.raises(RuntimeError, match="can't be cast"), mode:
+                    torch.addbmm(s[:1], b1, b2, beta=beta, alpha=alpha)
+            continue
+        want = torch.addbmm(s[:1], b1, b2, beta=beta, alpha=alpha)  # a broadcast self, too
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = torch.addbmm(s[:1], b1, b2, beta=beta, alpha=alpha)
+        rec.assert_only("core_aten")
+        assert got.dtype == want.dtype and got.stride() == want.stride() and torch.equal(got, want)

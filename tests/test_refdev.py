@@ -291,3 +291,20 @@ def test_autocast_on_the_device_follows_pytorchs_shared_policy():
     assert (y.dtype, e.dtype, s.dtype) == (torch.bfloat16, torch.float32, torch.float32)
     assert torch.equal(y.cpu(), F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)))
     assert torch.equal(e.cpu(), torch.exp(x.to(torch.bfloat16).float()))
+
+
+def test_physical_conjugation_on_the_device_through_complex_views():
+    backend.enable(DEV)
+    try:
+        for dtype in (torch.complex64, torch.complex128):
+            x = torch.randn(3, 4, dtype=dtype)
+            for t, d in ((x, x.to(DEV)), (x.t(), x.to(DEV).t())):
+                got = torch.conj_physical(d)
+                want = torch.conj_physical(t)
+                assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+                out = torch.empty(0, dtype=dtype, device=DEV)
+                assert torch.conj_physical(d, out=out) is out and torch.equal(out.cpu(), want)
+            y = x.to(DEV).conj()  # a conjugate view, resolved when copied
+            assert y.is_conj() and torch.equal(torch.empty_like(y).copy_(y).cpu(), x.conj())
+    finally:
+        backend.disable(DEV)

@@ -161,11 +161,6 @@ XFAIL: dict = {
     'linalg.norm': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'linalg.norm.subgradients_at_zero': (U('aten._linalg_svd.default', dtypes=('float32', 'float64')),),
     'addbmm': (
-        U(
-            "aten.addbmm.default",
-            dtypes=("int64",),
-            reason="float alpha/beta on integer tensors: eager truncates them to the dtype; the fill declines rather than guess",
-        ),
         E(
             "eager's addbmm_ resizes a broadcastable self in place (its out= path); the in-place rule "
             "refuses to change self's shape and raises",

@@ -26,6 +26,8 @@ import time
 
 import pytest
 
+from tests.devsuites.ids import generic_id
+
 DEVICE = os.environ.get("EAGERDECOMP_DEVSUITE_DEVICE", "cpu")
 OUT = os.environ.get("EAGERDECOMP_DEVSUITE_OUT")
 SELECT = os.environ.get("EAGERDECOMP_DEVSUITE_SELECT")
@@ -63,28 +65,6 @@ for _module, _names in _ALIASES.items():
             setattr(_module, _name, _make())
 
 
-# -- generic ids: one name for a test on every device ----------------------------------
-_CLASS_SUFFIXES = ("CPU", "PRIVATEUSE1", DEVICE.upper())
-_DEVICE_IN_NAME = re.compile(rf"_(?:cpu|{re.escape(DEVICE)})(?=_|$)")
-
-
-def generic_id(item) -> str:
-    """``test_view_ops.py::TestViewOps::test_view_as_real_DEVICE_complex64`` for the CPU
-    and the device instance of one test alike."""
-    cls = item.cls.__name__
-    for suffix in _CLASS_SUFFIXES:
-        if cls.endswith(suffix):
-            cls = cls[: -len(suffix)]
-            break
-    name = item.name
-    last = None
-    for last in _DEVICE_IN_NAME.finditer(name):
-        pass
-    if last is not None:
-        name = name[: last.start()] + "_DEVICE" + name[last.end():]
-    return f"{item.path.name}::{cls}::{name}"
-
-
 def pytest_collection_modifyitems(config, items):
     # only the device-type tests (instantiate_device_type_tests): the rest are CPU-only
     wanted = None
@@ -95,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         ok = item.cls is not None and issubclass(item.cls, DeviceTypeTestBase)
         if ok:
-            item.generic_id = generic_id(item)
+            item.generic_id = generic_id(item.path.name, item.cls.__name__, item.name, DEVICE)
             ok = wanted is None or item.generic_id in wanted
         (keep if ok else drop).append(item)
     if drop:
