@@ -9,7 +9,7 @@ computed here, in the kernel's precision step by step (float32 for float input: 
 operation rounded), and baked into the kernel; each pass is then a gather and the
 weighted sum in the kernel's order (the kernel may fuse multiply-adds: results agree to a
 unit or two in the last place, not bitwise). The backward sends each output gradient back along the
-same taps. The kernel has float and double (and a fixed-point uint8 path, declined here).
+same taps. The kernel has float and double, and a fixed-point uint8 path (resample.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from .quantize import _f32  # a float rounded to float32, as a C++ float receives it
 from .registry import project_decomposition
+from .resample import resize_uint8
 
 aten = torch.ops.aten
 
@@ -101,6 +102,8 @@ def _pass(x, dim, index, weight):
 
 
 def _resize(self, output_size, align_corners, scales_h, scales_w, kind):
+    if self.dtype == torch.uint8 and self.dim() == 4:  # the kernel's fixed-point path
+        return resize_uint8(self, output_size, align_corners, scales_h, scales_w, kind, antialias=True)
     if self.dtype not in (torch.float32, torch.float64) or self.dim() != 4:
         return NotImplemented
     (oh, ow), (ih, iw) = output_size, self.shape[2:]

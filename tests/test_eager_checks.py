@@ -101,19 +101,21 @@ def test_what_eager_refuses_is_refused(case, switched_device):
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("antialias", [False, True])
-def test_uint8_resizing_has_no_path_rather_than_a_near_miss(mode, antialias, switched_device):
-    # eager's uint8 kernel rounds in fixed point on some paths; a float decomposition is off
-    # by one level here and there, so the call is refused with the clear error
-    x = torch.randint(0, 256, (1, 3, 9, 9), dtype=torch.uint8)
-    fn = lambda t: torch.nn.functional.interpolate(t, size=(6, 6), mode=mode, antialias=antialias)  # noqa: E731
-    assert fn(x).dtype == torch.uint8
-    with pytest.raises(ed.UnsupportedOpError, match="upsample"):
-        with ed.EagerDecompMode("core_aten"):
-            fn(x)
-    with pytest.raises(ed.UnsupportedOpError, match="upsample"):
-        fn(x.to(switched_device))
-    with ed.EagerDecompMode("core_aten"):  # float input keeps its decomposition
-        torch.testing.assert_close(fn(x.float()), fn(x.float()))
+def test_uint8_resizing_is_bitwise_eager(mode, antialias, switched_device):
+    # eager's uint8 kernel resizes in fixed point (PIL's); floats rounded at the end miss by
+    # one level here and there. Channels 3 take the kernel's vectorized path, 5 its generic one
+    g = torch.Generator().manual_seed(0)
+    for channels, size, align_corners, layout in ((3, (6, 6), False, torch.contiguous_format), (5, (17, 29), False, torch.channels_last),
+                                                  (1, (30, 11), True, torch.contiguous_format), (3, (9, 40), False, torch.channels_last)):
+        if antialias and align_corners:
+            continue
+        x = torch.randint(0, 256, (2, channels, 13, 21), dtype=torch.uint8, generator=g).contiguous(memory_format=layout)
+
+        def fn(t):
+            return torch.nn.functional.interpolate(t, size=size, mode=mode, antialias=antialias, align_corners=align_corners)
+
+        native, under_mode, dev = _run_everywhere(fn, x, device=switched_device)
+        assert _same(under_mode, native) and _same(dev, native), (channels, size, align_corners)
 
 
 def test_a_resized_out_takes_eagers_strides_even_of_size_one_dims(switched_device):
