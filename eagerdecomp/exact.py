@@ -372,6 +372,8 @@ _META_LAYOUT_FIXES = {
         _pointwise_layout,
     ),
     **dict.fromkeys([aten.isin.Tensor_Tensor, aten.normal.Tensor_Tensor, aten.normal.float_Tensor], _contiguous),
+    # (a layer norm's output or a fresh sum: contiguous; the meta kernel keeps a permuted src's layout)
+    aten._transformer_encoder_layer_fwd.default: _contiguous,
     aten.channel_shuffle.default: _cpu_suggested_layout,  # (other devices: a composite of views)
     **dict.fromkeys(
         [

@@ -327,11 +327,8 @@ def transformer_encoder_layer_fwd(
         return NotImplemented
     if src.numel() == 0:
         return aten.clone.default(src)
-    # NOTE: eager's result is always contiguous (a layer norm's output, or a fresh sum);
-    # the meta kernel, which the runtime gives every result's strides from, keeps a
-    # permuted src's layout instead. No answer satisfies both: such a src is declined.
-    if _scrambled(src):
-        return NotImplemented
+    # NOTE: eager's result is always contiguous (a layer norm's output, or a fresh sum), a
+    # permuted src's included (the meta kernel keeps its layout: corrected in exact.py)
     D = embed_dim
     x = _norm(src, D, eps, norm_weight_1, norm_bias_1) if norm_first else src
     x = aten._native_multi_head_attention.default(

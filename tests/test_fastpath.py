@@ -263,8 +263,6 @@ def _declined_calls():
     layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
     permuted = torch.randn(B, 2, T, T).transpose(2, 3)
     return {
-        # eager's result is contiguous, the meta kernel's keeps this layout
-        "permuted src": (lambda: layer(x), "aten._transformer_encoder_layer_fwd.default"),
         # eager fills an output laid out as the input in contiguous order
         "permuted scores": (
             lambda: aten._masked_softmax(permuted, torch.zeros(permuted.shape, dtype=torch.bool), 3, 2),
@@ -281,6 +279,19 @@ def _declined_calls():
             "aten._transform_bias_rescale_qkv.default",
         ),
     }
+
+
+def test_a_permuted_src_gives_eagers_contiguous_result():
+    # the meta kernel keeps a permuted src's layout; eager's (and ours) is contiguous
+    x = torch.randn(T, B, 16).transpose(0, 1)  # batch first, laid out sequence first
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    with torch.no_grad():
+        want = layer(x)
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            got = layer(x)
+    rec.assert_only("core_aten")
+    assert got.stride() == want.stride() == torch.empty(want.shape).stride()
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("name", list(_declined_calls()))

@@ -42,6 +42,7 @@ def run_device(device: str, workdir: Path, files, select, jobs: int, timeout: fl
         EAGERDECOMP_DEVSUITE_TIMEOUT=str(timeout),
         PYTORCH_TESTING_DEVICE_ONLY_FOR="cpu" if device == "cpu" else "privateuse1",
         PYTORCH_PRINT_REPRO_ON_FAILURE="0",
+        EAGERDECOMP_DISK_CACHE="0",  # no test depends on, or fills, the user's kernel cache
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         OMP_NUM_THREADS="1",
     )
@@ -58,6 +59,13 @@ def run_device(device: str, workdir: Path, files, select, jobs: int, timeout: fl
                 records[rec["id"]] = rec
     if not records:
         raise SystemExit(f"devsuites: no test ran on {device}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    collected = set()
+    for path in glob.glob(str(out / "collected-*.json")):
+        with open(path) as f:
+            collected.update(json.load(f))
+    # NOTE: a test collected with no result line crashed its worker (xdist starts another)
+    for tid in collected - records.keys():
+        records[tid] = {"outcome": "failed", "error": "Crash", "message": "no result: its worker crashed"}
     return records
 
 
@@ -87,8 +95,9 @@ def compare(cpu: dict, dev: dict) -> dict:
     for tid, c in cpu.items():
         if c["outcome"] != "passed":
             continue
-        # NOTE: a test with no line crashed its worker (xdist starts another and goes on)
-        d = dev.get(tid, {"outcome": "failed", "error": "Crash", "message": "no result on the device"})
+        d = dev.get(tid)
+        if d is None:  # not instantiated for the device (dtypesIfCPU, onlyCPU...)
+            continue
         known = reason_for(tid)
         bad_state = bool(d.get("state"))
         if d["outcome"] == "passed" and not bad_state:
@@ -113,19 +122,22 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
         if v == "known failure":
             reasons[reason_for(tid)] += 1
         if v in ("known failure", "unexpected failure"):
-            rec = dev.get(tid, {})
+            rec = dev[tid]
             causes[cause(rec)] += 1
             if rec.get("op"):
                 ops[rec["op"]] += 1
         if v.startswith("unexpected"):
-            d = dev.get(tid, {})
+            d = dev[tid]
             unexpected.append((tid, v, cause(d) if v == "unexpected failure" else reason_for(tid), d.get("message", "")))
-    cpu_passed = sum(1 for r in cpu.values() if r["outcome"] == "passed")
+    # only tests both devices instantiate compare (dtypesIfCPU, onlyCPU... make CPU-only ones)
+    cpu_passed = sum(1 for t, r in cpu.items() if r["outcome"] == "passed" and t in dev)
+    cpu_only = sum(1 for t, r in cpu.items() if r["outcome"] == "passed" and t not in dev)
     passed = sum(1 for v in verdicts.values() if v == "passed")
     known = sum(1 for v in verdicts.values() if v == "known failure")
     data = {
         "files": list(files),
         "cpu_passed": cpu_passed,
+        "cpu_only": cpu_only,
         "device_passed": passed,
         "known_failures": known,
         "skipped_on_device": sum(1 for v in verdicts.values() if v == "skipped on device"),
@@ -145,7 +157,8 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
         "",
         f"Of {cpu_passed} tests that pass on CPU: {passed} pass on {DEVICE}, {known} are known failures "
         f"({100 * known / max(cpu_passed, 1):.1f}%), {data['skipped_on_device']} skip on {DEVICE}, "
-        f"{len(unexpected)} unexpected. Tests that changed the dispatch state: {len(data['state_changed'])}.",
+        f"{len(unexpected)} unexpected. Tests that changed the dispatch state: {len(data['state_changed'])}. "
+        f"({cpu_only} CPU passes have no {DEVICE} copy: dtypes or decorators for CPU only.)",
         "",
         "| file | " + " | ".join(("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass")) + " |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
