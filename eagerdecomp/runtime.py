@@ -378,6 +378,8 @@ class Runtime:
             else:
                 out = lowerer.lower(func, args, kwargs)
         except Stuck as e:
+            if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
+                raise refusal.error from None
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
         if refusal is not None:  # the decomposition raised nothing of its own where eager refuses
             raise refusal.error

@@ -133,17 +133,22 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
         ref, refusal = refused(reference(func, args, kwargs, refuse=True))
-        if not lifted:
-            kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
-        else:
-            kernels = []
-            for which in (0, 1):
-                values = stand_ins(lifted, which)
-                a, k = _with_values(args, kwargs, lifted, values)
-                kernels.append(_trace_once(func, a, k, tensors, opset, table, ref, values))
-            if not same_kernel(*kernels):
-                raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
-            kernel = kernels[0]
+        try:
+            if not lifted:
+                kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
+            else:
+                kernels = []
+                for which in (0, 1):
+                    values = stand_ins(lifted, which)
+                    a, k = _with_values(args, kwargs, lifted, values)
+                    kernels.append(_trace_once(func, a, k, tensors, opset, table, ref, values))
+                if not same_kernel(*kernels):
+                    raise LiftRefused(f"{func}: its graph depends on the value of a float argument")
+                kernel = kernels[0]
+        except UnsupportedOpError:
+            if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
+                raise refusal.error from None
+            raise
     if refusal is not None:  # the decomposition computes something where eager refuses
         raise refusal.error
     return kernel

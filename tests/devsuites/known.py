@@ -11,7 +11,37 @@ from __future__ import annotations
 import fnmatch
 import functools
 
-_BY_REASON: dict[str, str] = {}
+_BY_REASON: dict[str, str] = {
+    "no path: the fused optimizer kernels (_fused_adam_, _fused_adamw_, _fused_sgd_) have no decomposition": """
+        test_torch.py::TestTorchDeviceType::test_grad_scaling_autocast_foreach2_fused_True_*_DEVICE_float32
+    """,
+    "device feature: quantized tensors (edref has no quantized backend)": """
+        test_view_ops.py::TestOldViewOps::test_flatten_DEVICE
+        test_view_ops.py::TestOldViewOps::test_ravel_DEVICE
+    """,
+    "device feature: sparse tensors (edref has no sparse backend)": """
+        test_torch.py::TestTorchDeviceType::test_grad_scaling_unscale_sparse_DEVICE_float32
+        test_torch.py::TestTorchDeviceType::test_memory_format_empty_like_DEVICE
+    """,
+    "device feature: nested tensors (edref has no NestedTensor backend)": """
+        test_nn.py::TestNNDeviceType::test_TransformerEncoderLayer_empty_DEVICE
+    """,
+    "the test assumes CPU or CUDA: it expects CPU's storage classes (torch.FloatStorage) on any other device; "
+    "edref's are its own (torch.edref.FloatStorage), as CUDA's are": """
+        test_torch.py::TestTorchDeviceType::test_tensor_storage_type_DEVICE_*
+    """,
+    "the test assumes CPU or CUDA: it builds torch.cpu.amp.GradScaler on any other device and expects the "
+    "device's own name in its deprecation warning": """
+        test_torch.py::TestTorchDeviceType::test_grad_scaler_deprecated_warning_DEVICE
+    """,
+    "the test assumes CPU or CUDA: it expects a CPU torch.FloatTensor as the scale on any other device": """
+        test_torch.py::TestTorchDeviceType::test_grad_scaling_state_dict_DEVICE
+    """,
+    "the test assumes CPU: map_ and map2_ run a Python callback per element, CPU tensors only (CUDA refuses too)": """
+        test_torch.py::TestTorchDeviceType::test_broadcast_fn_map_DEVICE
+        test_torch.py::TestTorchDeviceType::test_broadcast_fn_map2_DEVICE
+    """,
+}
 
 
 @functools.lru_cache(maxsize=None)
