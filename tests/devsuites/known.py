@@ -37,6 +37,10 @@ _BY_REASON: dict[str, str] = {
     "the test assumes CPU or CUDA: it expects a CPU torch.FloatTensor as the scale on any other device": """
         test_torch.py::TestTorchDeviceType::test_grad_scaling_state_dict_DEVICE
     """,
+    "the test assumes CPU or CUDA: it expects uint8 bilinear and bicubic resizing refused on every device but "
+    "CPU (CUDA has no uint8 kernel); edref resizes uint8 as CPU does, bit for bit": """
+        test_nn.py::TestNNDeviceType::test_upsamplingBiMode2d_nonsupported_dtypes_*_mode_bi*_uint8_DEVICE_uint8
+    """,
     "the test assumes CPU: map_ and map2_ run a Python callback per element, CPU tensors only (CUDA refuses too)": """
         test_torch.py::TestTorchDeviceType::test_broadcast_fn_map_DEVICE
         test_torch.py::TestTorchDeviceType::test_broadcast_fn_map2_DEVICE
