@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.compile import compile_backend
+from eagerdecomp.dynamo.backend import compile_backend
 
 
 @torch.compiler.disable

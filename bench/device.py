@@ -1,10 +1,10 @@
 """Time per training step on the reference device with the device switch, against CPU.
 
-    python bench/device.py [--steps N] [--rounds R]
+    python bench/device.py [--steps N] [--rounds R] [--json out.json]
 
 For the demo TransformerBlock and SmallCNN (forward, cross-entropy, backward, AdamW):
 CPU native; CPU under EagerDecompMode("core_aten"); edref (core ATen kernels that run
-the CPU kernel on host memory) with ``eagerdecomp.backend.enable``. Steps alternate
+the CPU kernel on host memory) with ``eagerdecomp.enable``. Steps alternate
 between the three in one run (one thread unless ``--threads``); medians of the steady state
 (first step excluded: it traces), and the ratios as medians of each step's own ratio (the
 steps of one round run back to back, so a noisy machine slows both sides of a ratio alike).
@@ -28,9 +28,10 @@ import warnings
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp import backend
+from eagerdecomp import device as device_switch
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
-from eagerdecomp.refdev import reference_device
+from eagerdecomp.device.refdev import reference_device
+from results import Table, add_json_flag, save
 
 
 def _timed(fn) -> float:
@@ -68,8 +69,8 @@ def _per_call(fn, iters: int) -> float:
 def bench_hits(dev, runtime, rounds: int, iters: int = 400) -> list:
     """(op, switch us, core ops us, us over) for each op of bench/micro.py at 64 elements."""
     import micro
-    from eagerdecomp.key import make_key
-    from eagerdecomp.lift import lift_positions, split, wrapped_positions
+    from eagerdecomp.runtime.key import make_key
+    from eagerdecomp.runtime.lift import lift_positions, split, wrapped_positions
 
     micro.DEVICE = dev
     rows = []
@@ -102,19 +103,28 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=9, help="rounds of the per-op hit table")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the training steps")
+    add_json_flag(p)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
     dev = reference_device()
     load_s = time.perf_counter() - t0
-    from eagerdecomp import _ext
+    from eagerdecomp.runtime import library as _ext
 
     st = _ext.status()
     built = f", just-in-time build {st['build_s']:.0f} s" if st["build_s"] else ""
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads | edref from {st['loaded']} library "
           f"(reference_device() {load_s:.1f} s{built}) | {args.steps} steps, medians after the first\n")
-    backend.enable(dev)
+    steps = Table("Training step (AdamW) on the reference device with the switch, ms per step (median after the first)",
+                  ["model", "CPU native", "CPU + mode", "edref + enable", "edref 1st step", "mode / native",
+                   "edref / native"],
+                  formats={"CPU native": "{:.1f}", "CPU + mode": "{:.1f}", "edref + enable": "{:.1f}",
+                           "edref 1st step": "{:.0f}", "mode / native": "{:.2f}x", "edref / native": "{:.2f}x"})
+    hits = Table("One decomposed op on edref (64 elements, 1 thread): us per call (median)",
+                 ["op", "switch hit", "core ops", "hit - core"],
+                 formats={"switch hit": "{:.2f}", "core ops": "{:.2f}", "hit - core": "{:+.2f}"})
+    device_switch.enable(dev)
     try:
         print(f"{'model':18}{'CPU native':>12}{'CPU+mode':>12}{'edref+enable':>14}{'edref 1st':>11}{'mode/native':>13}{'edref/native':>14}")
         for name, make in [("TransformerBlock", lambda: TransformerBlock(dropout=0.0)), ("SmallCNN", SmallCNN)]:
@@ -122,12 +132,13 @@ def main() -> None:
             n, m, d = r["native"][1], r["mode"][1], r["edref"][1]
             print(f"{name:18}{n * 1e3:>10.1f}ms{m * 1e3:>10.1f}ms{d * 1e3:>12.1f}ms{r['edref'][0] * 1e3:>9.0f}ms"
                   f"{r['mode/native']:>12.2f}x{r['edref/native']:>13.2f}x")
+            steps.add(name, n * 1e3, m * 1e3, d * 1e3, r["edref"][0] * 1e3, r["mode/native"], r["edref/native"])
         print(f"\none decomposed op on edref, 64 elements, 1 thread, {args.rounds} rounds: us per call (median)")
         print(f"{'op':24}{'switch hit':>12}{'core ops':>10}{'hit - core':>12}")
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            rows = bench_hits(dev, backend.enabled(dev).runtime, args.rounds)
+            rows = bench_hits(dev, device_switch.enabled(dev).runtime, args.rounds)
         finally:
             torch.set_num_threads(threads)
         for name, hit, floor, over in rows:
@@ -135,11 +146,13 @@ def main() -> None:
                 print(f"{name:24}{'(no kernel: not decomposed on edref)':>34}")
             else:
                 print(f"{name:24}{hit:>12.2f}{floor:>10.2f}{over:>+12.2f}")
+                hits.add(name, hit, floor, over)
         done = [r for r in rows if r[1] is not None]
         print(f"worst hit - core: {max(r[3] for r in done):+.2f} us ({max(done, key=lambda r: r[3])[0]}); "
-              f"C++ hit path: {'on' if backend.enabled(dev).runtime.native is not None else 'off (pure Python)'}")
+              f"C++ hit path: {'on' if device_switch.enabled(dev).runtime.native is not None else 'off (pure Python)'}")
     finally:
-        backend.disable(dev)
+        device_switch.disable(dev)
+    save(args.json, "device", [steps, hits])
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from eagerdecomp import _ext
-from eagerdecomp import key as keymod
-from eagerdecomp.lift import _CLASSES
+from eagerdecomp.runtime import library as _ext
+from eagerdecomp.runtime import key as keymod
+from eagerdecomp.runtime.lift import _CLASSES
 
 aten = torch.ops.aten
 

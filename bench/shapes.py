@@ -304,7 +304,7 @@ def profile_first_step() -> None:
     import cProfile
     import pstats
 
-    from eagerdecomp import runtime
+    from eagerdecomp.runtime import core as runtime
 
     base = _bert()
     ed.cache_clear()
@@ -373,7 +373,7 @@ def main() -> None:
     dev = None
     if not args.no_edref and DEVICE == "cpu":
         try:
-            from eagerdecomp.refdev import reference_device
+            from eagerdecomp.device.refdev import reference_device
 
             dev = reference_device()
         except Exception as e:  # noqa: BLE001

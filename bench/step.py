@@ -1,6 +1,6 @@
 """A whole training step (the demo's models, AdamW) under each way of running it.
 
-    python bench/step.py [--device cpu|cuda] [--rounds 15] [--scale 1] [--no-compile] [--foreach]
+    python bench/step.py [--device cpu|cuda] [--rounds 15] [--scale 1] [--no-compile] [--foreach] [--json out.json]
 
 Variants, timed interleaved round after round (ratios per round, then medians):
   native     no mode
@@ -27,8 +27,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
-from eagerdecomp.compiled import AFTER
+from eagerdecomp.runtime.compiler import AFTER
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
+from results import Table, add_json_flag, save
 
 
 class DoNothing(TorchDispatchMode):
@@ -54,7 +55,7 @@ def _models(scale, device):
     }
 
 
-def bench(name, model, batch, device, rounds, compile, foreach=None):
+def bench(name, model, batch, device, rounds, compile, foreach=None, table=None):
     sync = torch.accelerator.synchronize if device != "cpu" else (lambda: None)
     modes = {"native": _Null, "nothing": DoNothing, "mode": lambda: ed.EagerDecompMode("core_aten")}
     if compile:
@@ -95,6 +96,10 @@ def bench(name, model, batch, device, rounds, compile, foreach=None):
         line += (f" | compiled {med['compiled']:7.2f} ({ratio('compiled', 'mode'):.2f}x mode; {n} ops compiled, "
                  f"warm-up {t_warm['compiled']:.1f} s)")
     print(line)
+    if table is not None:
+        table.add(name, med["native"], med["nothing"], med["mode"], ratio("mode", "native"), ratio("mode", "nothing"),
+                  med.get("compiled"), ratio("compiled", "mode") if "compiled" in runs else None,
+                  max(v for k, v in diff.items() if k != "native"))
     print(f"{'':17} params vs native after {AFTER + 3 + rounds} steps: " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items() if k != "native")
           + f"; mode traced {misses() - before} kernel(s) in the timed rounds")
 
@@ -107,13 +112,21 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--foreach", action="store_true", help="AdamW(foreach=True) (the default on CUDA)")
+    add_json_flag(ap)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(opts.threads)
     print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.threads} thread(s), "
           f"scale {opts.scale}, {opts.rounds} rounds{', AdamW foreach=True' if opts.foreach else ''}; ms per training step (median)")
+    table = Table("Training step (AdamW), ms per step, median of interleaved rounds",
+                  ["model", "native", "do-nothing mode", "EagerDecompMode", "mode / native", "mode / do-nothing",
+                   "compile=inductor", "compiled / mode", "max param diff"],
+                  formats={"native": "{:.2f}", "do-nothing mode": "{:.2f}", "EagerDecompMode": "{:.2f}",
+                           "mode / native": "{:.2f}x", "mode / do-nothing": "{:.2f}x", "compile=inductor": "{:.2f}",
+                           "compiled / mode": "{:.2f}x", "max param diff": "{:.1e}"})
     for name, (model, batch) in _models(opts.scale, opts.device).items():
-        bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile, True if opts.foreach else None)
+        bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile, True if opts.foreach else None, table)
+    save(opts.json, "step", [table], opts.device)
     return 0
 
 

@@ -12,17 +12,15 @@ Example::
     >>> print(mode.report())  # doctest: +SKIP
 """
 
-from . import device
-from . import device as backend  # the module's former name, kept importable
-from .device import disable, enable
-from .cache import cache_clear, cache_info
-from .compile import compile_backend
-from . import errors
-from .errors import *  # noqa: F401,F403  (the error classes; listed in errors.__all__)
-from .mode import EagerDecompMode
-from .opset import PRESETS, OpSet
-from .profile import profile
-from .registry import register_decomposition
+from eagerdecomp import device, errors
+from eagerdecomp.decompositions.registry import register_decomposition
+from eagerdecomp.device import disable, enable
+from eagerdecomp.dynamo import compile_backend
+from eagerdecomp.errors import *  # noqa: F401,F403  (the error classes; listed in errors.__all__)
+from eagerdecomp.mode import EagerDecompMode
+from eagerdecomp.ops.opset import PRESETS, OpSet
+from eagerdecomp.profile import profile
+from eagerdecomp.runtime.cache import cache_clear, cache_info
 
 __version__ = "0.1.0"
 
@@ -37,9 +35,8 @@ __all__ = [
     "enable",
     "disable",
     "device",
-    "backend",
     "profile",
     *errors.__all__,
 ]
 
-device.enable_from_env()  # EAGERDECOMP_BACKENDS=dev1,dev2[=opset]: the switch for deployments that cannot change code
+device.enable_from_env()  # EAGERDECOMP_DEVICES=dev1,dev2[=opset]: the switch for deployments that cannot change code

@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 
 def _opset(args):
-    from .opset import OpSet
+    from eagerdecomp.ops.opset import OpSet
 
     if args.opset_file:
         return OpSet.from_file(args.opset_file)
@@ -43,13 +43,13 @@ def _write(text: str, path) -> None:
 
 
 def _report(args) -> int:
-    from . import coverage
+    from eagerdecomp import coverage
 
     opset = _opset(args)
     graph = coverage.load_graph(rebuild=args.rebuild)
     if args.format == "html":
-        from .coverage.models import load_corpus
-        from .coverage.page import render
+        from eagerdecomp.coverage.models import load_corpus
+        from eagerdecomp.coverage.page import render
 
         corpora = [load_corpus(c) for c in args.corpus] if args.corpus else None
         _write(render(graph, opset, corpora), args.output or "coverage.html")
@@ -77,7 +77,7 @@ def _report(args) -> int:
 
 
 def _models(cov, args) -> int:
-    from .coverage.models import TARGETS, analyse_models
+    from eagerdecomp.coverage.models import TARGETS, analyse_models
 
     targets = args.target or TARGETS
     results = [analyse_models(cov, c) for c in (args.corpus or [None])]
@@ -89,7 +89,7 @@ def _models(cov, args) -> int:
 
 
 def _record(args) -> int:
-    from .coverage.record import DATA, record_corpus
+    from eagerdecomp.coverage.record import DATA, record_corpus
 
     def progress(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -100,7 +100,7 @@ def _record(args) -> int:
 
 
 def _verify(cov, graph, opset, args) -> int:
-    from . import coverage
+    from eagerdecomp import coverage
 
     ops = [r.op for r in cov.rows.values() if not args.op or args.op in r.op]
     print(f"lowering {len(ops)} ops on their samples under {opset.name or 'the opset'} ...", file=sys.stderr)
@@ -131,7 +131,7 @@ def _row_text(cov, r) -> str:
 
 
 def _profile(args) -> int:
-    from .profile import profile_script
+    from eagerdecomp.profile import profile_script
 
     opset = _opset(args) if args.opset_file else args.opset
     p = profile_script(args.script, args.argv, opset=opset)
@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .errors import EagerDecompError
+    from eagerdecomp.errors import EagerDecompError
 
     args = _parser().parse_args(argv)
     try:

@@ -98,7 +98,7 @@ def main(steps: int = 6) -> None:
     from eagerdecomp.testing import RecordingMode
 
     from eagerdecomp.errors import BackendError
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     try:  # before any backward pass: autograd learns the process's devices at its first one
         reference_device()
@@ -158,10 +158,10 @@ def main(steps: int = 6) -> None:
 
 def device_main(steps: int = 6) -> None:
     """The device path: the same model on edref, a strict core-ATen-only device, with
-    and without ``eagerdecomp.backend.enable`` (no context manager in the training code)."""
-    from eagerdecomp import backend
+    and without ``eagerdecomp.enable`` (no context manager in the training code)."""
+    from eagerdecomp import device as device_switch
     from eagerdecomp.errors import BackendError
-    from eagerdecomp.refdev import device_ops, op_log, reference_device
+    from eagerdecomp.device.refdev import device_ops, op_log, reference_device
 
     print("\n--- a new device: edref, host memory, kernels for core ATen + runtime ops only ---")
     try:
@@ -170,7 +170,7 @@ def device_main(steps: int = 6) -> None:
         print(f"  skipped: {e}")
         return
     print(f"  reference_device() -> {dev} ({len(device_ops())} ops with kernels)")
-    backend.disable(dev)
+    device_switch.disable(dev)
     torch.manual_seed(0)
     native = TransformerBlock(dropout=0.0)
     on_dev = copy.deepcopy(native).to(dev)
@@ -185,7 +185,7 @@ def device_main(steps: int = 6) -> None:
     on_dev = copy.deepcopy(native).to(dev)
     opt_n = torch.optim.AdamW(native.parameters(), lr=1e-3)
     opt_d = torch.optim.AdamW(on_dev.parameters(), lr=1e-3)
-    b = backend.enable(dev)
+    b = device_switch.enable(dev)
     times_n, times_d, worst = [], [], 0.0
     try:
         with op_log() as ran:
@@ -198,9 +198,9 @@ def device_main(steps: int = 6) -> None:
                 times_d.append(time.perf_counter() - t1)
                 worst = max(worst, _max_diff([ln], [ld.cpu()]), _max_diff(gn, [g.cpu() for g in gd]))
     finally:
-        backend.disable(dev)
+        device_switch.disable(dev)
     rep = b.report()
-    print(f"  with ed.backend.enable('{dev.type}'): {steps} steps, last loss {lossd.item():.6f} vs CPU {lossn.item():.6f}; "
+    print(f"  with ed.enable('{dev.type}'): {steps} steps, last loss {lossd.item():.6f} vs CPU {lossn.item():.6f}; "
           f"max |diff| logits/gradients {worst:.1e}, parameters {_max_param_diff(native, on_dev.cpu(), gn):.1e}")
     outside = sorted(set(ran) - {n.removeprefix("aten::") for n in device_ops().names()})
     print(f"  the device ran {sum(ran.values())} kernels of {len(ran)} distinct ops, all its own: {not outside}; "

@@ -21,7 +21,10 @@ def collect() -> dict:
     """The facts ``main`` prints, as a dict (never triggers a build)."""
     import eagerdecomp as ed
 
-    from . import _ext, backend, key, refdev
+    from eagerdecomp.runtime import library as _ext
+    from eagerdecomp import device
+    from eagerdecomp.runtime import key
+    from eagerdecomp.device import refdev
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", _ext.ExtensionWarning)  # reported below instead
@@ -41,8 +44,8 @@ def collect() -> dict:
         "cache key builder": key.IMPLEMENTATION,
         "reference device": f"{refdev.DEVICE_NAME} loaded" if refdev.is_loaded() else "not loaded (reference_device() loads it)",
         "PrivateUse1 backend name": torch._C._get_privateuse1_backend_name(),
-        "device switch enabled for": ", ".join(backend.enabled()) or "none",
-        "EAGERDECOMP_BACKENDS": os.environ.get("EAGERDECOMP_BACKENDS") or "unset",
+        "device switch enabled for": ", ".join(device.enabled()) or "none",
+        "EAGERDECOMP_DEVICES": os.environ.get("EAGERDECOMP_DEVICES") or os.environ.get("EAGERDECOMP_BACKENDS") or "unset",
     }
 
 

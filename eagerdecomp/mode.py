@@ -28,9 +28,9 @@ try:  # dynamo's frame hook (see EagerDecompMode._should_skip_dynamo)
 except (ImportError, AttributeError):  # a torch without them: its own wrapper does the same
     _hook, _OWN_WRAPPER = (lambda: None), True
 
-from .opset import OpSet
-from .routes import defers_to_subclass
-from .runtime import runtime_for
+from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.runtime.routes import defers_to_subclass
+from eagerdecomp.runtime.core import runtime_for
 
 __all__ = ["EagerDecompMode"]
 

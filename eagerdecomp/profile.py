@@ -35,8 +35,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .mode import EagerDecompMode
-from .stats import Report, Route, Stats
+from eagerdecomp.mode import EagerDecompMode
+from eagerdecomp.runtime.stats import Report, Route, Stats
 
 __all__ = ["profile", "profile_script", "Profile", "ROUTES"]
 

@@ -18,7 +18,7 @@ def pytest_configure(config):
     # pass (eagerdecomp.refdev), so the reference device is registered before any test runs:
     # a test that uses it then passes whichever tests ran before it
     from eagerdecomp.errors import BackendError
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     try:
         reference_device()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp import _ext
+from eagerdecomp.runtime import library as _ext
 from eagerdecomp.errors import UnsupportedOpError
 from eagerdecomp.profile import profile
 
@@ -77,27 +77,51 @@ def test_raising_the_same_refusal_does_not_grow_its_traceback():
 
 # -- the module graph ---------------------------------------------------------------------------
 
-def _module_imports() -> dict:
-    """``{module: modules it imports at import time}``, for the package's relative imports."""
-    graph = {}
+def _imports() -> list:
+    """``(importer, imported module, names)`` for every import statement of the package,
+    function-level ones included (a lazy import closes a cycle as well as any)."""
+    modules = {}
     for path in PACKAGE.rglob("*.py"):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         is_pkg = parts[-1] == "__init__"
-        name = ".".join(parts[:-1] if is_pkg else parts)
+        modules[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    out = []
+    for name, (path, is_pkg) in modules.items():
         package = name if is_pkg else name.rsplit(".", 1)[0]
-        deps = set()
-        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-                deps |= {target} if node.module else {f"{target}.{a.name}" for a in node.names}
-        graph[name] = deps
-    return {m: {d if d in graph else d.rsplit(".", 1)[0] for d in deps} & graph.keys() for m, deps in graph.items()}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("eagerdecomp"):
+                    continue
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    out.append((name, sub, ()) if sub in modules else (name, target, (a.name,)))
+            elif isinstance(node, ast.Import):
+                out += [(name, a.name, ()) for a in node.names if a.name.startswith("eagerdecomp.")]
+    return [(i, t, n) for i, t, n in out if t in modules], set(modules)
+
+
+def _module_graph() -> dict:
+    """``{module: modules importing it runs}``: a submodule's import runs its packages'
+    ``__init__`` too (all but the top package's, which every import starts from)."""
+    imports, modules = _imports()
+    graph = {m: set() for m in modules}
+    for importer, target, _ in imports:
+        parts = target.split(".")
+        for k in range(2, len(parts) + 1):
+            dep = ".".join(parts[:k])
+            if dep != importer and dep in modules and not importer.startswith(dep + "."):
+                graph[importer].add(dep)
+    return graph
 
 
 def test_no_import_cycle_between_modules():
-    graph = _module_imports()
-    assert "eagerdecomp.runtime" in graph and "eagerdecomp.coverage.graph" in graph
+    graph = _module_graph()
+    assert "eagerdecomp.runtime.core" in graph and "eagerdecomp.coverage.graph" in graph
     state: dict = {}
 
     def visit(m, path):
@@ -114,8 +138,37 @@ def test_no_import_cycle_between_modules():
             visit(m, [m])
 
 
+def _subpackage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else ""  # top-level modules are the front door's
+
+
+def test_no_private_name_is_imported_across_subpackages():
+    imports, modules = _imports()
+    crossing = sorted(
+        f"{importer} imports {target}.{name}"
+        for importer, target, names in imports
+        for name in names
+        if name.startswith("_") and not name.startswith("__") and name != "_C"  # _C: the C++ library (runtime.library)
+        and _subpackage(importer) != _subpackage(target + ".x" if target in modules and modules else target)
+    )
+    assert not crossing, crossing
+
+
+def test_the_layers_import_only_downwards():
+    # ops: facts about ATen ops; decompositions: tables of functions over them; runtime: the
+    # machinery; then the device, dynamo and coverage sides and the front door over all of it
+    layers = {"ops": 0, "decompositions": 1, "runtime": 2, "device": 3, "dynamo": 3, "coverage": 4}
+    graph = _module_graph()
+    upward = sorted(
+        f"{m} -> {d}" for m, deps in graph.items() for d in deps
+        if _subpackage(m) in layers and _subpackage(d) in layers and layers[_subpackage(d)] > layers[_subpackage(m)]
+    )
+    assert not upward, upward
+
+
 def test_runtime_imports_nothing_of_the_coverage_tool():
-    graph = _module_imports()
+    graph = _module_graph()
     runtime_side = [m for m in graph if not m.startswith("eagerdecomp.coverage") and m not in ("eagerdecomp.__main__",)]
     assert not [m for m in runtime_side if any(d.startswith("eagerdecomp.coverage") for d in graph[m])]
 

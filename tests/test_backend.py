@@ -1,4 +1,4 @@
-"""The device switch on the strict reference device edref (eagerdecomp.backend, eagerdecomp.refdev).
+"""The device switch on the strict reference device edref (eagerdecomp.device).
 
 edref has kernels for core ATen + runtime ops only, each running the CPU kernel on
 the same memory, so every result is compared with the same call on CPU. The device's
@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp import backend
+from eagerdecomp import device as device_switch
 from eagerdecomp.demo import SmallCNN, TransformerBlock, _max_param_diff, train_step
 from eagerdecomp.errors import BackendError, UnsupportedOpError
 
-refdev = pytest.importorskip("eagerdecomp.refdev")
+refdev = pytest.importorskip("eagerdecomp.device.refdev")
 
 try:
     DEV = refdev.reference_device()
@@ -34,15 +34,15 @@ DEVICE_OP_NAMES = {n.removeprefix("aten::") for n in DEVICE_OPS.names()}
 
 @pytest.fixture
 def enabled():
-    backend.disable(DEV)
-    b = backend.enable(DEV)
+    device_switch.disable(DEV)
+    b = device_switch.enable(DEV)
     yield b
-    backend.disable(DEV)
+    device_switch.disable(DEV)
 
 
 @pytest.fixture
 def disabled():
-    backend.disable(DEV)
+    device_switch.disable(DEV)
     yield
 
 
@@ -102,7 +102,7 @@ def test_demo_model_fails_without_eagerdecomp(disabled):
 
 def test_device_has_kernels_for_exactly_its_opset(disabled):
     # (torch itself registers c10d:: collectives for PrivateUse1)
-    assert ed.OpSet(op for op in backend.device_opset(DEV) if op.namespace == "aten") == DEVICE_OPS
+    assert ed.OpSet(op for op in device_switch.device_opset(DEV) if op.namespace == "aten") == DEVICE_OPS
     core = ed.OpSet.preset("core_aten")
     assert torch.ops.aten.silu.default not in DEVICE_OPS and torch.ops.aten.mm.default in DEVICE_OPS
     assert len(DEVICE_OPS - core) == len(refdev.DEVICE_RUNTIME_OPS)  # runtime ops: the only extras
@@ -282,7 +282,7 @@ def test_user_decomposition_fills_a_gap(disabled):
         calls.append(x.shape)
         return torch.min(x, dim, keepdim)
 
-    backend.enable(DEV, decompositions={"aten::mode.default": mode})
+    device_switch.enable(DEV, decompositions={"aten::mode.default": mode})
     try:
         x = torch.randn(4, 20)
         got = torch.mode(x.to(DEV), 1)
@@ -291,14 +291,14 @@ def test_user_decomposition_fills_a_gap(disabled):
         assert_same(want.indices, got.indices)
         assert calls  # the user's decomposition answered
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
 
 
 def test_taken_over_op_without_a_path_keeps_its_composite(disabled):
     # a decomposition that leads nowhere (SVD has no path): transpose runs PyTorch's own
     # composite kernel instead, exactly as on the device without eagerdecomp
     stuck = {"aten::transpose.int": lambda x, a, b: torch.linalg.svd(x)[0]}
-    b = backend.enable(DEV, decompositions=stuck)
+    b = device_switch.enable(DEV, decompositions=stuck)
     try:
         x = torch.randn(3, 4)
         got = x.to(DEV).transpose(0, 1)
@@ -306,19 +306,19 @@ def test_taken_over_op_without_a_path_keeps_its_composite(disabled):
         assert b.kept_composite[torch.ops.aten.transpose.int] == 1
         assert not b.report().by_route("unsupported")
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
 
 
 def test_enable_twice_disable_twice(disabled):
-    b = backend.enable(DEV)
+    b = device_switch.enable(DEV)
     try:
-        assert backend.enable(DEV.type) is b  # same settings: a no-op
-        assert backend.enabled(DEV) is b and backend.enabled() == [DEV.type]
-        with pytest.raises(BackendError, match="already enabled with other settings; call eagerdecomp.backend.disable"):
-            backend.enable(DEV, "core_aten")
+        assert device_switch.enable(DEV.type) is b  # same settings: a no-op
+        assert device_switch.enabled(DEV) is b and device_switch.enabled() == [DEV.type]
+        with pytest.raises(BackendError, match="already enabled with other settings; call eagerdecomp\.disable"):
+            device_switch.enable(DEV, "core_aten")
     finally:
-        assert backend.disable(DEV) is True
-    assert backend.disable(DEV) is False and backend.enabled(DEV) is None
+        assert device_switch.disable(DEV) is True
+    assert device_switch.disable(DEV) is False and device_switch.enabled(DEV) is None
     with pytest.raises(NotImplementedError, match="silu"):  # the fallback is really gone
         F.silu(torch.randn(3, device=DEV))
 
@@ -332,20 +332,20 @@ def test_enable_twice_disable_twice(disabled):
 )
 def test_enable_rejects_devices(device, message):
     with pytest.raises(BackendError, match=message):
-        backend.enable(device)
+        device_switch.enable(device)
 
 
 def test_enable_rejects_an_opset_op_the_device_lacks(disabled):
     with pytest.raises(BackendError, match=r"claims 1 op\(s\) the device has no kernel for: aten\.silu\.default"):
-        backend.enable(DEV, DEVICE_OPS | ["aten::silu.default"])
+        device_switch.enable(DEV, DEVICE_OPS | ["aten::silu.default"])
     with pytest.raises(BackendError, match="on_unsupported='fallthrough' is not available for a device"):
-        backend.enable(DEV, on_unsupported="fallthrough")
-    assert backend.enabled(DEV) is None
+        device_switch.enable(DEV, on_unsupported="fallthrough")
+    assert device_switch.enabled(DEV) is None
 
 
 def test_explicit_opset_narrows_where_decomposition_stops(disabled):
     narrow = DEVICE_OPS - ["aten::sigmoid"]
-    backend.enable(DEV, narrow)
+    device_switch.enable(DEV, narrow)
     try:
         x = torch.randn(6)
         with refdev.op_log() as ran:
@@ -353,7 +353,7 @@ def test_explicit_opset_narrows_where_decomposition_stops(disabled):
         assert_same(F.silu(x), out)
         assert "sigmoid" not in ran and "exp" in ran
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
 
 
 # -- processes: the environment switch and the pure-Python path -------------------------------
@@ -368,27 +368,43 @@ def test_environment_switch_enables_the_device():
     r = _run(
         """
         import torch, torch.nn.functional as F
-        import eagerdecomp.backend as b
-        [backend] = b.enable_from_env()
+        from eagerdecomp import device
+        [switch] = device.enable_from_env()
         x = torch.randn(8)
-        print(backend.device, torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
+        print(switch.device, torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
         """,
-        EAGERDECOMP_BACKENDS="edref",
+        EAGERDECOMP_DEVICES="edref",
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["edref", "True"]
 
 
-@pytest.mark.skipif(not hasattr(ed, "enable"), reason="eagerdecomp/__init__.py does not call backend.enable_from_env yet")
+def test_former_names_still_work_and_say_they_are_deprecated():
+    # eagerdecomp.backend and EAGERDECOMP_BACKENDS, the device switch's names before 0.2
+    r = _run(
+        """
+        import warnings; warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as seen:
+            import eagerdecomp as ed
+            import eagerdecomp.backend as b
+        print(b is ed.device, b.enabled(), sorted({str(w.category.__name__) for w in seen if "deprecated" in str(w.message)}))
+        """,
+        EAGERDECOMP_BACKENDS="edref",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "['edref']", "['DeprecationWarning']"]
+
+
+@pytest.mark.skipif(not hasattr(ed, "enable"), reason="eagerdecomp/__init__.py does not call device_switch.enable_from_env yet")
 def test_environment_switch_at_import():
     r = _run(
         """
         import torch, torch.nn.functional as F
         import eagerdecomp as ed
         x = torch.randn(8)
-        print(ed.backend.enabled(), torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
+        print(ed.device.enabled(), torch.allclose(F.silu(x.to("edref")).cpu(), F.silu(x)))
         """,
-        EAGERDECOMP_BACKENDS="edref",
+        EAGERDECOMP_DEVICES="edref",
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["['edref']", "True"]
@@ -400,7 +416,7 @@ def test_reference_device_after_a_backward_pass_is_a_clear_error():
         import torch
         x = torch.ones(2, requires_grad=True)
         (x * 2).sum().backward()
-        from eagerdecomp.refdev import reference_device
+        from eagerdecomp.device.refdev import reference_device
         try:
             reference_device()
         except Exception as e:
@@ -417,8 +433,8 @@ def test_library_works_without_the_extension():
         import warnings; warnings.simplefilter("error")  # forcing the pure-Python path warns about nothing
         import torch, torch.nn.functional as F
         import eagerdecomp as ed
-        from eagerdecomp import _ext, key
-        from eagerdecomp.refdev import reference_device
+        from eagerdecomp.runtime import key, library as _ext
+        from eagerdecomp.device.refdev import reference_device
         x = torch.randn(8)
         with ed.EagerDecompMode("core_aten"):
             y = F.silu(x)

@@ -1,7 +1,7 @@
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.cache import Bypassed, KernelCache
+from eagerdecomp.runtime.cache import Bypassed, KernelCache
 
 aten = torch.ops.aten
 

@@ -17,10 +17,10 @@ from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.utils import counters
 
 import eagerdecomp as ed
-from eagerdecomp import backend as device_switch
-from eagerdecomp.compile import compile_backend
+from eagerdecomp import device as device_switch
+from eagerdecomp.dynamo.backend import compile_backend
 from eagerdecomp.errors import BackendError
-from eagerdecomp.stats import Route
+from eagerdecomp.runtime.stats import Route
 from eagerdecomp.testing import RecordingMode
 
 F = torch.nn.functional
@@ -30,7 +30,7 @@ aten = torch.ops.aten
 # the autograd engine sizes its per-device queues then (a later device trips an internal assert).
 # Collection imports this module before any test runs, so load it here.
 try:
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     REF_DEV, REF_DEV_ERROR = reference_device(), None
 except Exception as e:  # every other test still runs; the device test reports it
@@ -446,7 +446,7 @@ def test_registered_name_after_import():
         f = torch.compile(lambda x: torch.nn.functional.silu(x) * 2, backend="eagerdecomp")
         x = torch.randn(5)
         assert torch.allclose(f(x), torch.nn.functional.silu(x) * 2)
-        from eagerdecomp.compile import default_backend
+        from eagerdecomp.dynamo.backend import default_backend
         b = default_backend()
         assert len(b.graphs) == 1 and b.outside_opset() == [], b
         assert torch.ops.aten.silu.default not in b.ops()
@@ -457,7 +457,7 @@ def test_registered_name_after_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         "torch.compile(backend='eagerdecomp') failed in a fresh interpreter. The name is registered by the "
-        "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.compile:dynamo_backend\"); "
+        "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.dynamo.backend:dynamo_backend\"); "
         "if it is declared, reinstall the package (make install). stderr:\n" + proc.stderr[-3000:]
     )
 
@@ -465,7 +465,7 @@ def test_registered_name_after_import():
 def test_training_on_the_reference_device_with_the_switch():
     # No mode at all: the device switch decomposes the eager regions, the backend lowers the
     # graphs into exactly the ops the device has kernels for.
-    from eagerdecomp import refdev
+    from eagerdecomp.device import refdev
 
     if isinstance(REF_DEV_ERROR, BackendError):  # no C++ compiler here
         pytest.skip(f"reference device unavailable: {REF_DEV_ERROR}")
@@ -508,7 +508,7 @@ def test_training_on_the_reference_device_with_the_switch():
 
 
 def test_register_by_hand():
-    from eagerdecomp.compile import default_backend, register
+    from eagerdecomp.dynamo.backend import default_backend, register
 
     register()
     register()  # idempotent

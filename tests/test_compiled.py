@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-import eagerdecomp.compiled as compiled
-from eagerdecomp import native
+import eagerdecomp.runtime.compiler as compiled
+from eagerdecomp.runtime import hits as native
 from eagerdecomp.errors import BackendError, UnsupportedArgumentError
 from eagerdecomp.testing import RecordingMode
 
@@ -162,7 +162,7 @@ def _python_lookups(mode, monkeypatch) -> list:
 
 def _reference_device():
     """edref, or a skip where the C++ library is not built (EAGERDECOMP_NO_EXT=1)."""
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     try:
         return reference_device()

@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import eagerdecomp as ed
-from eagerdecomp import backend
-from eagerdecomp.compile import compile_backend
+from eagerdecomp import device as device_switch
+from eagerdecomp.dynamo.backend import compile_backend
 from eagerdecomp.errors import BackendError
 from eagerdecomp.testing import RecordingMode
 
 try:
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     DEV = reference_device()  # before any backward pass in this process (see refdev._check_autograd)
 except BackendError:
@@ -213,8 +213,8 @@ def test_compile_backend_lowers_python_custom_ops_and_keeps_opaque_ones():
 
 @needs_device
 def test_device_switch_runs_python_custom_ops_and_refuses_opaque_ones():
-    backend.disable(DEV)
-    backend.enable(DEV)
+    device_switch.disable(DEV)
+    device_switch.enable(DEV)
     try:
         x = torch.randn(6)
         y = scaled_silu(x.to(DEV), 1.5)  # its default kernel serves every device; silu is decomposed
@@ -226,4 +226,4 @@ def test_device_switch_runs_python_custom_ops_and_refuses_opaque_ones():
         z = torch.ops.edtest.never_runs(x.to(DEV))  # no edref kernel, but a decomposition
         torch.testing.assert_close(z.cpu(), F.elu(x) * 2)
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)

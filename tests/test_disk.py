@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp import disk, native, registry
+from eagerdecomp.runtime import disk
+from eagerdecomp.runtime import hits as native
+from eagerdecomp.decompositions import registry
 
 aten = torch.ops.aten
 
@@ -291,7 +293,7 @@ def test_an_unreadable_pack_warns_once_and_is_rebuilt(on_disk, damage):
 
 @needs_native
 def test_the_device_switch_preloads_its_programs(on_disk):
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     dev = reference_device()
     x = torch.randn(4, 3)
@@ -300,7 +302,7 @@ def test_the_device_switch_preloads_its_programs(on_disk):
         ed.enable(dev)
         try:
             out = F.silu(x.to(dev)).cpu()
-            return out, ed.backend.enabled(dev).report().row(aten.silu.default)
+            return out, ed.device.enabled(dev).report().row(aten.silu.default)
         finally:
             ed.disable(dev)
 

@@ -144,7 +144,7 @@ def tensor_parallel_under_the_mode(rank):
 
 def ddp_on_the_reference_device(rank):
     import eagerdecomp as ed
-    from eagerdecomp import refdev_dist
+    from eagerdecomp.device import refdev_dist
     from eagerdecomp.errors import BackendError
 
     dev = torch.device("edref", 0)  # loaded at the start of the worker (before any backward)
@@ -178,7 +178,7 @@ SCENARIOS = {
 
 
 def _worker(rank: int, port: int, out_dir: str, names: list) -> None:
-    from eagerdecomp import refdev_dist
+    from eagerdecomp.device import refdev_dist
     from eagerdecomp.errors import BackendError
 
     try:
@@ -276,9 +276,9 @@ def test_ddp_on_the_reference_device_matches_cpu(cpu_results):
 
 
 def test_host_view_shares_the_device_memory():
-    from eagerdecomp import _ext
+    from eagerdecomp.runtime import library as _ext
     from eagerdecomp.errors import BackendError
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     try:
         dev = reference_device()

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.cache import KernelCache
-from eagerdecomp.family import MAX_MEMBERS
-from eagerdecomp.runtime import Runtime
-from eagerdecomp.table import default_table
+from eagerdecomp.runtime.cache import KernelCache
+from eagerdecomp.runtime.family import MAX_MEMBERS
+from eagerdecomp.runtime.core import Runtime
+from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten

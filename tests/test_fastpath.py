@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import eagerdecomp as ed
-from eagerdecomp.device import enabled
+from eagerdecomp.device.switch import enabled
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from eagerdecomp import key as keymod
-from eagerdecomp.key import Bypass, Key
+from eagerdecomp.runtime import key as keymod
+from eagerdecomp.runtime.key import Bypass, Key
 
 aten = torch.ops.aten
 add = aten.add.Tensor
@@ -191,7 +191,7 @@ class _IntSub(int):
 
 def _parity_corpus():
     """(label, func, args, kwargs): varied calls both builders must key identically."""
-    from eagerdecomp.lift import _CLASSES
+    from eagerdecomp.runtime.lift import _CLASSES
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.lift import SPECIAL, _band, lift_positions, split, stand_ins
+from eagerdecomp.runtime.lift import SPECIAL, _band, lift_positions, split, stand_ins
 
 aten = torch.ops.aten
 
@@ -102,7 +102,7 @@ def test_floats_that_round_to_a_special_value_in_float32_are_keyed_by_value(v):
 def test_float32_rounding_agrees_between_the_python_and_cpp_keys():
     # the C++ table and Python must lift exactly the same floats, or a program would read
     # an input its key never took
-    from eagerdecomp import native
+    from eagerdecomp.runtime import hits as native
 
     if not native.enabled():
         pytest.skip("the C++ hit path is off")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp import key as keys
+from eagerdecomp.runtime import key as keys
 from eagerdecomp.demo import SmallCNN, train_step
-from eagerdecomp.lift import Each, lift_positions, split, stand_ins, with_values
+from eagerdecomp.runtime.lift import Each, lift_positions, split, stand_ins, with_values
 
 aten = torch.ops.aten
 
@@ -64,7 +64,7 @@ def by_value(monkeypatch):
     """Makes a mode that keys every float by value, as before lists were lifted (the reference).
 
     Call it after the lifting mode's calls: a runtime reads the positions once per op."""
-    import eagerdecomp.runtime
+    import eagerdecomp.runtime.core
 
     def make():
         monkeypatch.setattr(eagerdecomp.runtime, "lift_positions", lambda func: ())

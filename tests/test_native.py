@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
-from eagerdecomp import native
-from eagerdecomp.opset import OpSet
+from eagerdecomp.runtime import hits as native
+from eagerdecomp.ops.opset import OpSet
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="C++ library not built (pure-Python path)")
 aten = torch.ops.aten
@@ -215,14 +215,14 @@ def test_kernels_that_re_raise_warnings_stay_in_python():
 
 @pytest.fixture
 def edref():
-    from eagerdecomp import backend
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp import device as device_switch
+    from eagerdecomp.device.refdev import reference_device
 
     dev = reference_device()
-    backend.disable(dev.type)
-    b = backend.enable(dev.type)
+    device_switch.disable(dev.type)
+    b = device_switch.enable(dev.type)
     yield dev, b
-    backend.disable(dev.type)
+    device_switch.disable(dev.type)
 
 
 def test_device_hits_are_served_in_cpp(edref):
@@ -250,15 +250,15 @@ def test_device_errors_propagate_from_a_miss(edref):
 
 
 def test_device_disable_removes_the_fallback(edref):
-    from eagerdecomp import backend
+    from eagerdecomp import device as device_switch
 
     dev, b = edref
     x = torch.randn(4).to(dev)
     torch.nn.functional.silu(x)
-    backend.disable(dev.type)
+    device_switch.disable(dev.type)
     with pytest.raises(NotImplementedError):
         torch.nn.functional.silu(x)
-    backend.enable(dev.type)
+    device_switch.enable(dev.type)
     assert torch.allclose(torch.nn.functional.silu(x).cpu(), torch.nn.functional.silu(x.cpu()))
 
 

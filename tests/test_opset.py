@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.opset import RUNTIME_EXTRAS
+from eagerdecomp.ops.opset import RUNTIME_EXTRAS
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from eagerdecomp import native
+from eagerdecomp.runtime import hits as native
 
 SLICE = ["tests/test_mode.py", "tests/test_cache.py", "tests/test_routes.py"]
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagerdecomp import backend
+from eagerdecomp import device as device_switch
 from eagerdecomp.errors import BackendError
 
-refdev = pytest.importorskip("eagerdecomp.refdev")
+refdev = pytest.importorskip("eagerdecomp.device.refdev")
 
 try:
     DEV = refdev.reference_device()
@@ -21,7 +21,7 @@ except BackendError as e:
 
 @pytest.fixture(autouse=True)
 def strict():
-    backend.disable(DEV)  # these tests use core ops only, on the device's own kernels
+    device_switch.disable(DEV)  # these tests use core ops only, on the device's own kernels
     yield
 
 
@@ -117,11 +117,11 @@ def test_bilinear_upsampling_keeps_its_gradient_with_the_switch():
 
     x = torch.randn(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
     xd = x.detach().to(DEV).requires_grad_()
-    backend.enable(DEV)
+    device_switch.enable(DEV)
     try:
         F.interpolate(xd, scale_factor=2, mode="bilinear").pow(2).sum().backward()
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
     F.interpolate(x, scale_factor=2, mode="bilinear").pow(2).sum().backward()
     assert xd.grad is not None
     torch.testing.assert_close(xd.grad.cpu(), x.grad)
@@ -132,9 +132,9 @@ def test_enable_warns_of_device_kernels_that_lose_autograd():
     lib.impl("var.dim", lambda *a, **k: None, "PrivateUse1")
     try:
         with pytest.warns(RuntimeWarning, match=r"aten.var.dim.*no gradient"):
-            backend.enable(DEV)
+            device_switch.enable(DEV)
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
         lib._destroy()
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::var.dim", "PrivateUse1")
 
@@ -161,13 +161,13 @@ def test_module_to_the_device_keeps_tied_weights_tied():
     model(ids).square().sum().backward()
     expected = weight.grad.clone()
     weight.grad = None
-    backend.enable(DEV)
+    device_switch.enable(DEV)
     try:
         assert model.to(DEV) is model and model.embed.weight is weight and model.head.weight is weight
         assert weight.device == DEV and len(list(model.parameters())) == 1
         model(ids.to(DEV)).square().sum().backward()
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
     torch.testing.assert_close(weight.grad.cpu(), expected)
     assert torch._has_compatible_shallow_copy_type(torch.ones(2).to(DEV), torch.ones(2))
 
@@ -187,11 +187,11 @@ def test_views_under_inference_mode_follow_their_base(switch):
     w, x = torch.randn(3, 3, requires_grad=True), torch.randn(2, 3)
     want, ref = run(w, x)
     if switch:
-        backend.enable(DEV)
+        device_switch.enable(DEV)
     try:
         got, y = run(w.detach().to(DEV).requires_grad_(), x.to(DEV))
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
     assert got == want == (False, True, True, True)
     torch.testing.assert_close(y.cpu(), ref)
 
@@ -221,7 +221,7 @@ def test_programs_on_the_device_exit_cleanly():
     import subprocess
     import sys
 
-    head = "import torch, eagerdecomp as ed\nfrom eagerdecomp.refdev import reference_device\n"
+    head = "import torch, eagerdecomp as ed\nfrom eagerdecomp.device.refdev import reference_device\n"
     env = dict(os.environ, EAGERDECOMP_DISK_CACHE="0")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -237,7 +237,7 @@ def test_programs_on_the_device_exit_cleanly():
 def test_a_lazy_clone_is_copied_when_the_device_writes_it():
     # copy-on-write storage: the first write through either side copies it, as on CPU (the
     # device's copy_ and any other kernel that writes an argument)
-    backend.enable(DEV)
+    device_switch.enable(DEV)
     try:
         for base in (torch.arange(4), torch.arange(4.0)):
             t = base.to(DEV).view(2, 2)
@@ -251,7 +251,7 @@ def test_a_lazy_clone_is_copied_when_the_device_writes_it():
             c3.resize_(8)  # a core kernel that writes its argument
             assert torch.equal(t.cpu(), base.view(2, 2) + 1)
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)
 
 
 def test_complex_tensors_view_as_real_pairs_on_the_device():
@@ -294,7 +294,7 @@ def test_autocast_on_the_device_follows_pytorchs_shared_policy():
 
 
 def test_physical_conjugation_on_the_device_through_complex_views():
-    backend.enable(DEV)
+    device_switch.enable(DEV)
     try:
         for dtype in (torch.complex64, torch.complex128):
             x = torch.randn(3, 4, dtype=dtype)
@@ -307,4 +307,4 @@ def test_physical_conjugation_on_the_device_through_complex_views():
             y = x.to(DEV).conj()  # a conjugate view, resolved when copied
             assert y.is_conj() and torch.equal(torch.empty_like(y).copy_(y).cpu(), x.conj())
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)

@@ -16,7 +16,7 @@ aten = torch.ops.aten
 
 @pytest.fixture(scope="module")
 def dev():
-    refdev = pytest.importorskip("eagerdecomp.refdev")
+    refdev = pytest.importorskip("eagerdecomp.device.refdev")
     try:
         return refdev.reference_device()
     except BackendError as e:

@@ -10,13 +10,14 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp import backend, routes
-from eagerdecomp.compile import compile_backend
+from eagerdecomp import device as device_switch
+from eagerdecomp.runtime import routes
+from eagerdecomp.dynamo.backend import compile_backend
 from eagerdecomp.errors import BackendError
 from eagerdecomp.testing import RecordingMode
 
 try:
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     DEV = reference_device()
 except BackendError:
@@ -82,11 +83,11 @@ def test_infrastructure_is_not_reported_outside_the_opset():
 
 @pytest.mark.skipif(DEV is None, reason="reference device unavailable")
 def test_a_collective_the_device_backend_lacks_is_a_clear_error():
-    backend.disable(DEV)
-    backend.enable(DEV)
+    device_switch.disable(DEV)
+    device_switch.enable(DEV)
     try:
         # c10d::check_for_nan has a CPU kernel only, so on edref it reaches the device switch
         with pytest.raises(BackendError, match=r"c10d.check_for_nan.*register_backend\(.*devices=\['edref'\]"):
             torch.ops.c10d.check_for_nan(torch.ones(3).to(DEV))
     finally:
-        backend.disable(DEV)
+        device_switch.disable(DEV)

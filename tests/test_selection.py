@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.selection import MODE_MAX_SIZE, _introselect_all_equal
+from eagerdecomp.decompositions.selection import MODE_MAX_SIZE, _introselect_all_equal
 from eagerdecomp.testing import RecordingMode
 
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp import registry, table as tbl
+from eagerdecomp.decompositions import registry
+from eagerdecomp.decompositions import table as tbl
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten

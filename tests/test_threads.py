@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.cache import KernelCache
-from eagerdecomp.runtime import Runtime
-from eagerdecomp.table import default_table
+from eagerdecomp.runtime.cache import KernelCache
+from eagerdecomp.runtime.core import Runtime
+from eagerdecomp.decompositions.table import default_table
 
 aten = torch.ops.aten
 try:  # before any backward pass: the autograd engine learns devices at its first one
-    from eagerdecomp.refdev import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
     REF_DEV = reference_device()
 except ed.BackendError as e:

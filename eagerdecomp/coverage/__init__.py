@@ -16,8 +16,8 @@ Example::
     >>> print(report.summary())                              # doctest: +SKIP
 """
 
-from .analysis import STATUSES, Coverage, Row, analyse, check
-from .graph import Graph, build_graph, cache_path, load_graph, save_graph, verify
+from eagerdecomp.coverage.analysis import STATUSES, Coverage, Row, analyse, check
+from eagerdecomp.coverage.graph import Graph, build_graph, cache_path, load_graph, save_graph, verify
 
 __all__ = [
     "Row",

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 
-from .graph import Graph, build_graph, cache_path, flavour_of, load_graph, name, save_graph, verify
-from ..opset import OpSet
+from eagerdecomp.coverage.graph import Graph, build_graph, cache_path, flavour_of, load_graph, name, save_graph, verify
+from eagerdecomp.ops.opset import OpSet
 
 __all__ = [
     "Row",

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from ..opset import OpSet
-from ..schema import op_from_name, overloads
-from ..paths import cache_dir
-from .workers import run_job
+from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.ops.schema import op_from_name, overloads
+from eagerdecomp.runtime.paths import cache_dir
+from eagerdecomp.coverage.workers import run_job
 
 __all__ = [
     "Node",
@@ -85,7 +85,7 @@ def _tables() -> dict:
     """The default table of each flavour, before any opset op is dropped from it."""
     import torch._prims  # noqa: F401
 
-    from ..table import default_table
+    from eagerdecomp.decompositions.table import default_table
 
     # NOTE: default_table drops opset ops from the table; an empty aten opset and a one-op
     # prims opset (no prims op is a table key) select a flavour and drop nothing.
@@ -112,11 +112,11 @@ class _AllBut:
 
 
 def _via(op, table) -> str:
-    from ..lower import _IDENTITY, is_infrastructure
+    from eagerdecomp.runtime.lower import IDENTITY_OPS, is_infrastructure
 
     if is_infrastructure(op):
         return "infrastructure"
-    if op in _IDENTITY:
+    if op in IDENTITY_OPS:
         return "returns its argument"
     if torch.Tag.inplace_view in op.tags:
         return "in-place view: functional view + as_strided_"
@@ -139,8 +139,8 @@ def one_level(op, samples, table) -> tuple:
     them (``{child: [(args, kwargs)]}``, a few per child: samples for the children)."""
     from torch.utils._pytree import tree_map
 
-    from .inputs import _signature, quiet, snapshot
-    from ..lower import Lowerer, Stuck, is_infrastructure
+    from eagerdecomp.coverage.inputs import _signature, quiet, snapshot
+    from eagerdecomp.runtime.lower import Lowerer, Stuck, is_infrastructure
 
     via = _via(op, table)
     if via == "infrastructure":
@@ -201,7 +201,7 @@ MAX_ROUNDS = 6
 # -- building the graph (in a fresh process: see _serve) -------------------------------------------
 
 def _analyse_op(op, pool, tables) -> tuple:
-    from .inputs import samples_for
+    from eagerdecomp.coverage.inputs import samples_for
 
     needs_samples = any(_via(op, t) not in ("", "infrastructure", "returns its argument") for t in tables.values())
     samples, why_none = samples_for(op, pool) if needs_samples else ([], None)
@@ -217,8 +217,8 @@ def _analyse_op(op, pool, tables) -> tuple:
 
 
 def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
-    from .inputs import Pool
-    from .workers import guarded_map
+    from eagerdecomp.coverage.inputs import Pool
+    from eagerdecomp.coverage.workers import guarded_map
 
     torch.set_num_threads(1)  # forked workers must not inherit an OpenMP pool
     tables = _tables()
@@ -286,7 +286,7 @@ def _serve() -> None:
 
 
 def _resolve_all(op_name):
-    from ..opset import resolve_op
+    from eagerdecomp.ops.opset import resolve_op
 
     return resolve_op(op_name)
 
@@ -304,7 +304,7 @@ def _fingerprint() -> str:
     flavours' tables costs seconds, which every cached answer would pay, and the graph is
     built in a fresh process where this process's own registrations do not exist anyway.
     """
-    from ..table import FILL_MODULES
+    from eagerdecomp.decompositions.table import FILL_MODULES
 
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent.parent  # the package: sources are named from there
@@ -377,8 +377,8 @@ class Graph:
 def _verify_op(op, pool, opset, table) -> dict:
     from torch.utils._pytree import tree_map
 
-    from .inputs import quiet, samples_for, snapshot
-    from ..lower import Lowerer, Stuck, is_infrastructure
+    from eagerdecomp.coverage.inputs import quiet, samples_for, snapshot
+    from eagerdecomp.runtime.lower import Lowerer, Stuck, is_infrastructure
 
     samples, _ = samples_for(op, pool)
     leaves, ok, stuck, failed = set(), 0, [], []
@@ -401,9 +401,9 @@ def _verify_op(op, pool, opset, table) -> dict:
 
 
 def _verify(ops, opsets, opinfo_names, workers, progress) -> list:
-    from ..table import default_table
-    from .inputs import Pool
-    from .workers import guarded_map
+    from eagerdecomp.decompositions.table import default_table
+    from eagerdecomp.coverage.inputs import Pool
+    from eagerdecomp.coverage.workers import guarded_map
 
     torch.set_num_threads(1)
     pool = Pool.from_opinfo(ops, names=opinfo_names)

@@ -57,7 +57,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorExc
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..variants import functional_variant
+from eagerdecomp.ops.variants import functional_variant
 
 __all__ = ["Sample", "Pool", "samples_for", "fake_args", "quiet", "snapshot", "PER_OP"]
 

@@ -50,7 +50,7 @@ LEGACY_NAMES = {
 def passes_through(op: str) -> bool:
     """Ops of a namespace the runtime passes through untouched (``profiler::`` from
     ``optimizer.step``'s ``record_function``, collectives): never a blocker."""
-    from .. import routes
+    from eagerdecomp.runtime import routes
 
     rule = routes.NAMESPACES.get(op.split(".", 1)[0])
     return rule is not None and rule.name in (routes.INFRASTRUCTURE, routes.COMMUNICATION)
@@ -72,7 +72,7 @@ def load_corpus(path=None) -> Corpus:
     """Our corpus (default: the shipped one, :data:`eagerdecomp.coverage.record.DATA`) or a file
     in PyTorch's ``pytorch_model_ops.json`` format (``{"models": {"suite/Model": {op: n}}}``,
     family = suite, legacy names mapped by :data:`LEGACY_NAMES`)."""
-    from .record import DATA
+    from eagerdecomp.coverage.record import DATA
 
     path = Path(path or DATA)
     data = json.loads(path.read_text())

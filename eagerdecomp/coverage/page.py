@@ -22,9 +22,9 @@ import json
 
 import torch
 
-from .graph import NODE_KINDS, Graph, _resolve
-from ..opset import RUNTIME_EXTRAS, OpSet, PRESETS
-from .models import TARGETS, passes_through
+from eagerdecomp.coverage.graph import NODE_KINDS, Graph, _resolve
+from eagerdecomp.ops.opset import RUNTIME_EXTRAS, OpSet, PRESETS
+from eagerdecomp.coverage.models import TARGETS, passes_through
 
 __all__ = ["render", "page_data", "GROUPS"]
 
@@ -68,8 +68,8 @@ def page_data(graph: Graph, opset="core_aten", corpora=None) -> dict:
     """The JSON the page embeds: op names, both flavours' graphs by index, presets, groups,
     and the model corpora (default: the shipped one, when present)."""
     if corpora is None:
-        from .models import load_corpus
-        from .record import DATA
+        from eagerdecomp.coverage.models import load_corpus
+        from eagerdecomp.coverage.record import DATA
 
         corpora = [load_corpus()] if DATA.exists() else []
     in_graph = set(graph.flavours["aten"]) | set(graph.flavours["prims"])

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..paths import cache_dir
+from eagerdecomp.runtime.paths import cache_dir
 
 __all__ = ["HEADS", "SHRINK", "specs", "build", "train_step", "record_model", "record_corpus", "DATA"]
 
@@ -85,7 +85,7 @@ def specs(limit=None, only=None) -> list:
     """``[{"name", "source", "family", "model_type", "class", "labels"}]``: what to record."""
     from transformers.models.auto import modeling_auto
 
-    from .cnns import CNNS
+    from eagerdecomp.coverage.cnns import CNNS
 
     out, seen = [], set()
     for mapping, family, labels in HEADS:
@@ -230,7 +230,7 @@ def build(spec) -> tuple:
         model, config, shrunk = _build(spec)
         x, family = _inputs(model, config, spec)
         return model, x, _labels(spec, x, config), family, shrunk
-    from .cnns import CNNS
+    from eagerdecomp.coverage.cnns import CNNS
 
     return CNNS[spec["class"]](), {"x": torch.randn(2, 3, 32, 32)}, torch.zeros(2, dtype=torch.long), spec["family"], {}
 
@@ -260,7 +260,7 @@ def train_step(model, x, labels, opt, on_retry=None) -> None:
 
 def record_model(spec) -> dict:
     """Build one model and record its phases: ``{"family", "params", "config", "notes", "phases"}``."""
-    from ..testing import RecordingMode
+    from eagerdecomp.testing import RecordingMode
 
     model, x, labels, family, shrunk = build(spec)
     phases = {}

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from ..errors import EagerDecompError
+from eagerdecomp.errors import EagerDecompError
 
 __all__ = ["guarded_map", "run_job"]
 

@@ -179,7 +179,7 @@ def _run_native(fn, args):
 def compiled(compile="inductor"):
     """Within it, samples run under ``EagerDecompMode(OPSET, compile=compile)``, compiled
     on their first replay whatever their size (so small OpInfo samples compile too)."""
-    import eagerdecomp.compiled as c
+    import eagerdecomp.runtime.compiler as c
 
     global COMPILE
     saved = COMPILE, c.AFTER, c.MIN_NUMEL
@@ -195,7 +195,7 @@ def _mode():
 
 
 if COMPILE is not None:  # the environment asked for a compiled run: every size compiles on its first replay
-    import eagerdecomp.compiled as _compiled
+    import eagerdecomp.runtime.compiler as _compiled
 
     _compiled.AFTER, _compiled.MIN_NUMEL = 0, 0
 
@@ -205,7 +205,7 @@ def _warm(call, args):
     replay that compiles), so the compared call runs the compiled code."""
     if COMPILE is None:
         return
-    import eagerdecomp.compiled as c
+    import eagerdecomp.runtime.compiler as c
 
     for _ in range(c.AFTER + 2):
         copies = copy_args(args)  # outside the mode: copying is not the op under test

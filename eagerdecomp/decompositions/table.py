@@ -1,0 +1,109 @@
+"""Decomposition tables: plain dicts from ``OpOverload`` to a Python function.
+
+The default table for an opset layers, highest priority first:
+
+1. per-mode ``decompositions=`` passed to :class:`~eagerdecomp.EagerDecompMode`;
+2. user fills registered with :func:`register_decomposition`;
+3. eagerdecomp's own fills (``eagerdecomp/decomps.py``): ops PyTorch leaves
+   without a decomposition, or decomposes wrongly;
+4. ``torch._decomp``'s core-ATen table, written with aten ops (preferred
+   when the opset has no prims, because prims run in Python in eager);
+5. ``torch._decomp.decomposition_table``, mostly ``torch._refs``;
+6. (at lowering time) an op's CompositeImplicitAutograd kernel.
+
+Every op in the opset is dropped from the table: decompositions are bus stops
+and we get off at the first one the backend serves.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Iterable
+
+from torch._ops import OpOverload
+
+from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.decompositions.registry import PROJECT, USER, Table
+from eagerdecomp.ops.schema import is_out, overloads
+from eagerdecomp.ops.variants import foreach_table, variant_table
+
+__all__ = ["default_table", "FILL_MODULES"]
+
+# eagerdecomp's own fills, one module per family; each registers its entries at import.
+FILL_MODULES = ("decomps", "amp", "conj", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
+
+def _torch_core_table() -> Table:
+    import torch._decomp as d
+
+    post_autograd = getattr(d, "_core_aten_decompositions_post_autograd", None)
+    return dict(post_autograd() if post_autograd else d.core_aten_decompositions())
+
+
+# NOTE: the tables below are functions of the dispatcher's aten overloads alone (read once) and
+# cost about 15 ms to build: made once per process, not once per mode (a mode made per call
+# paid them every time). Callers only copy from them.
+@functools.lru_cache(maxsize=None)
+def _prims_to_aten() -> Table:
+    return {op: op.impl_aten for op in overloads("prims") if getattr(op, "impl_aten", None) is not None}
+
+
+@functools.lru_cache(maxsize=None)
+def _refs_by_name() -> Table:
+    """aten overload -> ``torch._refs`` function of the same name, for prims targets.
+
+    NOTE: many refs (select, narrow, ...) are not registered in torch._decomp's
+    table; TorchRefsMode finds them by name, and so do we. Each trace is still
+    checked against the op's meta kernel, so a mismatched ref errors, never lies.
+    """
+    import torch._refs as refs
+    import torch._refs.nn.functional as refs_nn
+    import torch._refs.special as refs_special
+
+    table: Table = {}
+    for op in overloads("aten"):
+        name = op._schema.name.split("::")[-1]
+        if is_out(op) or name.startswith("_"):
+            continue
+        for ns in (refs, refs_nn, refs_special):
+            fn = getattr(ns, name, None)
+            if callable(fn):
+                table[op] = fn
+                break
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _derived(make) -> Table:
+    return make(overloads("aten"))
+
+
+def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
+    """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
+    import torch._decomp as d
+
+    for name in FILL_MODULES:
+        importlib.import_module(f".{name}", __package__)
+
+    prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)
+    table: Table = {} if prefers_aten else dict(_refs_by_name())
+    table.update(d.decomposition_table)
+    table.update(_derived(foreach_table))
+    if prefers_aten:
+        # NOTE: refs express in-place/out= ops and many others with prims, which run in
+        # Python in eager; aten-based rules win, and prims left over lower through impl_aten.
+        table.update(_prims_to_aten())
+        table.update(_torch_core_table())
+        # NOTE: our in-place/out= rules win over the core table's generic ones
+        # (register_inplace): those copy_ the result back without eager's checks, so an int
+        # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
+        # The refs a prims opset uses check through their out= wrapper.
+        table.update(_derived(variant_table))
+    table.update(PROJECT)
+    table.update(USER)
+    table.update(extra)
+    for op in opset.ops:
+        table.pop(op, None)
+    for op in [k for k in table if not isinstance(k, OpOverload)]:
+        del table[op]
+    return table

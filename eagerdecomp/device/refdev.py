@@ -1,0 +1,227 @@
+"""The reference device ``edref``: a strict core-ATen-only backend for tests and the demo.
+
+A PrivateUse1 backend (``csrc/refdev.cpp``) whose memory is host memory and
+which has a kernel for exactly :func:`device_ops`: the ops tagged
+``torch.Tag.core``, :data:`eagerdecomp.opset.RUNTIME_EXTRAS`, and
+:data:`DEVICE_RUNTIME_OPS` (what a device needs to exist). Each kernel runs
+the CPU kernel on the same memory. Every other op fails with PyTorch's own
+``NotImplementedError`` ("Could not run 'aten::silu.out' with arguments from
+the 'edref' backend"), until :func:`eagerdecomp.enable` routes it
+through eagerdecomp.
+
+Loading has side effects (PrivateUse1 is renamed to ``edref`` and given an
+allocator, a device guard and kernels), so it happens only when
+:func:`reference_device` is called, never at ``import eagerdecomp``.
+
+Example::
+
+    >>> import torch
+    >>> from eagerdecomp.refdev import reference_device, op_log
+    >>> dev = reference_device()          # builds or loads csrc/ (cached)
+    >>> x = torch.randn(4, device=dev)
+    >>> with op_log() as ran:
+    ...     y = (x * 2).cpu()
+    >>> "mul.Tensor" in ran
+    True
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import types
+from collections import Counter
+
+import torch
+
+from eagerdecomp.runtime import library as _ext
+from eagerdecomp.errors import BackendError
+from eagerdecomp.ops.opset import RUNTIME_EXTRAS, OpSet
+
+__all__ = ["DEVICE_NAME", "DEVICE_RUNTIME_OPS", "reference_device", "device_ops", "op_log", "is_loaded"]
+
+DEVICE_NAME = "edref"
+
+# Ops beyond core ATen and RUNTIME_EXTRAS that a device needs in order to exist.
+# NOTE: the core ops a device cannot do without are core already (empty.memory_format,
+# empty_strided, as_strided, view, resize_, _local_scalar_dense, _to_copy); copy_ (in both
+# directions between CPU and the device) and as_strided_ are RUNTIME_EXTRAS.
+DEVICE_RUNTIME_OPS = {
+    "aten::set_.source_Storage_storage_offset": "rebinds a tensor to a storage (torch.load, Tensor.set_); no decomposition",
+    "aten::set_.source_Storage": "the same, at offset 0",
+    "aten::set_.source_Tensor": "Tensor.set_(other): share another tensor's storage; no decomposition",
+    "aten::set_.default": "Tensor.set_(): an empty storage; no decomposition",
+    # NOTE: composite, but PyTorch asks each PrivateUse1 backend for its own answer (c10's
+    # TensorImpl.h): without one, CPU and the device are incompatible, so Module.to(device)
+    # gives every parameter a new Parameter instead of swapping its .data, and weights that
+    # were tied (GPT-2's embedding and head) train as two. The kernel answers as CPU does.
+    "aten::_has_compatible_shallow_copy_type": "Module.to() keeps tied weights tied (swaps .data in place)",
+    # NOTE: a complex tensor's real and imaginary parts are a view of its storage at another
+    # dtype; no core op changes a view's dtype, so a device with complex dtypes provides both
+    # (real, imag, split and print of complex tensors all go through view_as_real).
+    "aten::view_as_real": "complex storage viewed as (real, imag) pairs; no decomposition",
+    "aten::view_as_complex": "(real, imag) pairs viewed as complex storage; no decomposition",
+}
+
+_lock = threading.Lock()
+_loaded = False
+
+
+def _forwardable(op) -> bool:
+    # a kernel that forwards to CPU needs a CPU kernel (or a composite one CPU runs) to reach
+    return torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "CPU")
+
+
+def _composite_implicit(op) -> bool:
+    # NOTE: core ATen lists a few CompositeImplicitAutograd ops (upsample_bilinear2d.vec,
+    # var.dim, avg_pool1d...). A device kernel for one replaces its composite, autograd
+    # included, and its gradient is lost; like any real backend, edref leaves them to the
+    # composite, which calls ops it has (or that eagerdecomp decomposes).
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+def device_ops() -> OpSet:
+    """The ops edref has kernels for: core ATen + runtime extras + device runtime ops, less the
+    CompositeImplicitAutograd ones of core ATen (which never reach a backend)."""
+    runtime = OpSet(list(DEVICE_RUNTIME_OPS))
+    ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS)) | runtime
+    keep = [op for op in ops if op.namespace == "aten" and _forwardable(op) and (op in runtime or not _composite_implicit(op))]
+    return OpSet(keep, name=f"{DEVICE_NAME} kernels")
+
+
+def _device_module() -> types.ModuleType:
+    # torch looks some things up on torch.<device> (torch.get_device_module, optimizers'
+    # device checks, torch.manual_seed); one device, always available, draws from the CPU RNG
+    mod = types.ModuleType(f"torch.{DEVICE_NAME}", "eagerdecomp's reference device (host memory, core ATen only)")
+    mod.is_available = lambda: True
+    mod.device_count = lambda: 1
+    mod.current_device = lambda: 0
+    mod.is_initialized = lambda: True
+    mod._is_in_bad_fork = lambda: False
+    mod.manual_seed = mod.manual_seed_all = lambda seed: None  # torch.manual_seed seeds the CPU RNG it uses
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    mod.synchronize = lambda device=None: None
+    mod.device = lambda device: contextlib.nullcontext()  # one device: nothing to switch (torch.load uses it)
+    # torch.autocast("edref") asks the device module which dtypes it may cast to; the cast
+    # policies themselves are C++ kernels on the AutocastPrivateUse1 key (csrc/refdev.cpp)
+    mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    for name, cls in _legacy_storages().items():
+        setattr(mod, name, cls)
+    return mod
+
+
+def _legacy_storages() -> dict:
+    """``FloatStorage``... on the device: ``Tensor.storage_type()`` and the legacy
+    ``torch.<device>.FloatStorage(n)`` constructors look them up on the device module, as
+    ``torch.cuda``'s. A class's device is read from its ``__module__``."""
+    from torch._utils import classproperty
+    from torch.storage import _LegacyStorage, _dtype_to_storage_type_map
+
+    def storage_class(name, dtype):
+        return type(name, (_LegacyStorage,), {
+            "__module__": f"torch.{DEVICE_NAME}",
+            "_dtype": classproperty(lambda cls: dtype),
+            "dtype": classproperty(lambda cls: dtype),
+        })
+
+    return {name: storage_class(name, dtype) for dtype, name in _dtype_to_storage_type_map().items()}
+
+
+def reference_device() -> torch.device:
+    """Build (or load, cached) and register the reference device; return ``torch.device("edref", 0)``.
+
+    Raises :class:`BackendError` when the C++ library cannot be built or loaded, or when
+    another backend already owns PrivateUse1 in this process.
+    """
+    global _loaded
+    with _lock:
+        if _loaded:
+            return torch.device(DEVICE_NAME, 0)
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", DEVICE_NAME):
+            raise BackendError(
+                f"reference_device: PrivateUse1 already belongs to backend {current!r} in this process; "
+                f"expected it free to register {DEVICE_NAME!r}. Run the reference device in its own process."
+            )
+        lib = _ext.load(build=True)
+        if lib is None:
+            why = "EAGERDECOMP_NO_EXT=1 forces the pure-Python path" if _ext.disabled() else _ext.status()["error"]
+            raise BackendError(
+                f"reference_device: the C++ library is not available ({why}); expected a "
+                "prebuilt eagerdecomp._C or a working compiler for the just-in-time build. Install with "
+                "`pip install --no-build-isolation -e .`, or unset EAGERDECOMP_NO_EXT."
+            )
+        if current == "privateuseone":
+            torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+        lib.register_device(sorted(op.name() for op in device_ops()))
+        torch._register_device_module(DEVICE_NAME, _device_module())
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+        _loaded = True
+    _check_autograd()
+    return torch.device(DEVICE_NAME, 0)
+
+
+def _tiny_backward() -> None:
+    # NOTE: the engine itself, not torch.autograd.grad or backward(): the device's autograd
+    # thread keeps the last graph task it ran until it runs another, and one that holds a
+    # Python object (grad's results, the context backward() stashes) freed during interpreter
+    # finalization aborts the process ("terminate called without an active exception"). This
+    # one holds none: no outputs, and x.grad never reaches Python.
+    x = torch.ones(2).to(DEVICE_NAME).requires_grad_()
+    engine = torch.autograd.Variable._execution_engine
+    engine.run_backward((x * 2.0,), (torch.ones(2).to(DEVICE_NAME),), False, False, (), True, True)  # mul: core
+
+
+def _check_autograd() -> None:
+    # NOTE: the autograd engine sizes its per-device queues once, at the process's first
+    # backward pass; a device registered after that cannot run backward. A tiny backward on
+    # the device (core ops only) starts the engine with edref known, or finds it too late.
+    try:
+        _tiny_backward()
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        raise BackendError(
+            "reference_device: a backward pass ran in this process before the reference device was "
+            "registered, and the autograd engine only knows the devices present at its first backward; "
+            "expected reference_device() to be called first. Call it at the start of the program."
+        ) from None
+    atexit.register(_release_last_graph_task)
+
+
+def _release_last_graph_task() -> None:
+    # the program's last backward is the graph task the device thread keeps: swap it for a
+    # harmless one while the interpreter is still whole (atexit runs before finalization)
+    try:
+        with torch.enable_grad():
+            _tiny_backward()
+    except RuntimeError:  # best effort at exit (e.g. inside inference_mode): the abort is PyTorch's
+        pass
+
+
+def is_loaded() -> bool:
+    """True once :func:`reference_device` has registered edref in this process."""
+    return _loaded
+
+
+@contextlib.contextmanager
+def op_log():
+    """Count the ops that run on edref inside the block (the device's own witness).
+
+    Yields a :class:`~collections.Counter` of op names (``"mul.Tensor"``), filled on exit.
+    Not reentrant: the device keeps one log.
+    """
+    lib = _ext.load(build=True)
+    if lib is None or not _loaded:
+        raise BackendError("op_log: the reference device is not loaded; call reference_device() first")
+    ran: Counter = Counter()
+    lib.op_log_clear()
+    lib.set_logging(True)
+    try:
+        yield ran
+    finally:
+        lib.set_logging(False)
+        ran.update({name.removeprefix("aten::"): n for name, n in lib.op_log().items()})
+        lib.op_log_clear()

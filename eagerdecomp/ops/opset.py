@@ -1,0 +1,182 @@
+"""OpSet: the set of operator overloads a backend implements.
+
+An opset is where decomposition stops. It is an immutable set of
+``OpOverload`` objects with set algebra, built from overloads, packets or
+names, plus two presets:
+
+``core_aten``
+    every overload tagged ``torch.Tag.core`` plus :data:`RUNTIME_EXTRAS`.
+``prims``
+    every ``prims::`` overload plus :data:`RUNTIME_EXTRAS` and the few aten
+    ops that eager execution itself calls from C++ (``.item()``, ``resize_``).
+
+Example::
+
+    >>> import torch, eagerdecomp as ed
+    >>> ops = ed.OpSet.preset("core_aten")
+    >>> torch.ops.aten.mm.default in ops, torch.ops.aten.silu.default in ops
+    (True, False)
+    >>> small = ed.OpSet(["aten::mul.Tensor", "aten.add"])  # a packet expands
+    >>> len(small) > 2
+    True
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Iterable, Union
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+from eagerdecomp.errors import UnknownOpError
+from eagerdecomp.ops.schema import op_from_name, op_names, overloads
+
+__all__ = ["OpSet", "RUNTIME_EXTRAS", "PRESETS", "resolve_op"]
+
+aten = torch.ops.aten
+
+# The smallest set of non-core ops that eager execution cannot do without.
+# A decomposition graph is functional; eager semantics are not.
+RUNTIME_EXTRAS = {
+    # in-place and out= ops must write their result into the caller's tensor
+    aten.copy_.default: "writes in-place and out= results into the caller's tensors",
+    # metadata-mutating views (t_, squeeze_, transpose_...) change a tensor's
+    # sizes and strides in place; as_strided_ is the one op that can express all of them
+    aten.as_strided_.default: "applies metadata-mutating views (t_, squeeze_, ...) in place",
+}
+
+# prims has no counterpart for these; C++ eager code calls them directly.
+_PRIMS_ATEN_EXTRAS = {
+    aten._local_scalar_dense.default: "Tensor.item() and data-dependent decompositions",
+    aten.resize_.default: "out= arguments of the wrong size are resized as eager does",
+}
+
+OpLike = Union[str, OpOverload, OpOverloadPacket]
+
+
+def resolve_op(op: OpLike) -> list:
+    """Expand ``op`` (an overload, a packet, or a name) into a list of ``OpOverload``.
+
+    Raises :class:`UnknownOpError` naming the closest existing names.
+    """
+    if isinstance(op, OpOverload):
+        return [op]
+    if isinstance(op, str):
+        found = op_from_name(op.strip())
+        if found is None and "::" not in op:  # "mul.Tensor": aten is the default namespace
+            found = op_from_name("aten::" + op.strip())
+        if found is None:
+            wanted = op.strip().replace(".", "::", 1) if "::" not in op else op.strip()
+            close = difflib.get_close_matches(wanted, op_names(), n=3, cutoff=0.75)
+            hint = f"; did you mean {', '.join(close)}?" if close else "."
+            raise UnknownOpError(
+                f"unknown op name {op!r}: no registered operator has that name{hint} "
+                "Names look like 'aten::add.Tensor', 'aten.add.Tensor' or a packet 'aten::add'."
+            )
+        op = found
+    if isinstance(op, OpOverload):
+        return [op]
+    if isinstance(op, OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    raise UnknownOpError(f"cannot read {op!r} ({type(op).__name__}) as an op: expected an OpOverload, a packet or a name")
+
+
+class OpSet:
+    """An immutable set of ``OpOverload``: the ops a backend runs itself."""
+
+    __slots__ = ("ops", "name", "_hash")
+
+    def __init__(self, ops: Iterable[OpLike] = (), name: str | None = None):
+        resolved = set()
+        for op in ops:
+            resolved.update(resolve_op(op))
+        self.ops = frozenset(resolved)
+        self.name = name
+        self._hash = hash(self.ops)
+
+    @staticmethod
+    def preset(name: str) -> "OpSet":
+        """Return a preset opset by name (see :data:`PRESETS`)."""
+        try:
+            return _PRESET_BUILDERS[name]()
+        except KeyError:
+            raise UnknownOpError(
+                f"unknown opset preset {name!r}; presets are {sorted(_PRESET_BUILDERS)}"
+            ) from None
+
+    @classmethod
+    def coerce(cls, opset: Union["OpSet", str, Iterable[OpLike]]) -> "OpSet":
+        """Read a preset name, an OpSet, or an iterable of ops as an OpSet."""
+        if isinstance(opset, OpSet):
+            return opset
+        if isinstance(opset, str):
+            return cls.preset(opset)
+        return cls(opset)
+
+    @classmethod
+    def from_file(cls, path: str) -> "OpSet":
+        """One op name per line; blank lines and ``#`` comments are skipped."""
+        with open(path) as f:
+            names = [line.split("#", 1)[0].strip() for line in f]
+        return cls([n for n in names if n], name=path)
+
+    def __contains__(self, op) -> bool:
+        return op in self.ops
+
+    def __iter__(self):
+        return iter(sorted(self.ops, key=str))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, OpSet) and self.ops == other.ops
+
+    def _combine(self, other, fn, sym) -> "OpSet":
+        other = OpSet.coerce(other)
+        out = OpSet.__new__(OpSet)
+        out.ops = fn(self.ops, other.ops)
+        out.name = f"({self.name or 'custom'} {sym} {other.name or 'custom'})"
+        out._hash = hash(out.ops)
+        return out
+
+    def __or__(self, other):
+        return self._combine(other, frozenset.union, "|")
+
+    def __sub__(self, other):
+        return self._combine(other, frozenset.difference, "-")
+
+    def __and__(self, other):
+        return self._combine(other, frozenset.intersection, "&")
+
+    union, difference, intersection = __or__, __sub__, __and__
+
+    def __repr__(self) -> str:
+        return f"OpSet({self.name or 'custom'}, {len(self)} ops)"
+
+    def names(self) -> list:
+        """Sorted op names, as ``aten::add.Tensor``."""
+        return sorted(f"{op._schema.name}{'.' + op._overloadname if op._overloadname != 'default' else ''}" for op in self.ops)
+
+
+@functools.lru_cache(maxsize=None)
+def _core_aten() -> OpSet:
+    core = [op for op in overloads("aten") if torch.Tag.core in op.tags]
+    return OpSet(core + list(RUNTIME_EXTRAS), name="core_aten")
+
+
+@functools.lru_cache(maxsize=None)
+def _prims() -> OpSet:
+    import torch._prims  # noqa: F401  (registers the prims:: namespace)
+
+    ops = list(overloads("prims")) + list(RUNTIME_EXTRAS) + list(_PRIMS_ATEN_EXTRAS)
+    return OpSet(ops, name="prims")
+
+
+_PRESET_BUILDERS = {"core_aten": _core_aten, "prims": _prims}
+PRESETS = tuple(_PRESET_BUILDERS)

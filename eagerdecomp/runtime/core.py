@@ -1,0 +1,430 @@
+"""The runtime: route one op call to pass-through, cached replay, eager decomposition,
+native fallthrough or an error. Shared by the dispatch mode and the device switch.
+
+Routes are decided once per op (by membership and op tags) and kept in a
+dict, so a call costs one lookup before its real work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import warnings
+
+import torch
+
+from eagerdecomp.runtime.cache import ByValue, Bypassed, KernelCache, Unsupported, cache_for
+from eagerdecomp.errors import EagerDecompError, MismatchError, UnsupportedArgumentError, UnsupportedOpError
+from eagerdecomp.runtime.key import Bypass, make_key
+from eagerdecomp.runtime import routes
+from eagerdecomp.runtime.lower import Lowerer, Stuck
+from eagerdecomp.ops.opset import OpSet, resolve_op
+from eagerdecomp.ops.schema import returns_tensor
+from eagerdecomp.runtime.replay import Kernel
+from eagerdecomp.decompositions.registry import version as table_version
+from eagerdecomp.runtime.stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
+from eagerdecomp.runtime.compiler import PENDING, compiler_for
+from eagerdecomp.runtime.disk import enabled as disk_enabled
+from eagerdecomp.runtime.disk import store_for
+from eagerdecomp.runtime.family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
+from eagerdecomp.runtime.family import enabled as family_enabled
+from eagerdecomp.runtime.symbolic import NotGeneric
+from eagerdecomp.runtime.exact import Refusal, concrete_fake_mode, fakes_like, reference, refused, same_strides
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import _disable_current_modes
+from eagerdecomp.decompositions.table import default_table
+from eagerdecomp.runtime.lift import lift_positions, split, wrapped_positions
+from eagerdecomp.runtime.exact import layout_matters, relayout, unalias
+from eagerdecomp.ops.checks import check
+from eagerdecomp.runtime.fwad import below_forward_ad
+from eagerdecomp.runtime.observe import log, profiling, ranged
+from eagerdecomp.runtime.lift import LiftRefused
+from eagerdecomp.runtime.trace import trace, trace_family
+from eagerdecomp.runtime import hits as native
+
+__all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
+
+ON_UNSUPPORTED = ("error", "fallthrough", "warn")
+
+# Ops whose outputs cannot be replayed from a kernel traced over fake tensors.
+# NOTE: decided by tags, as FakeTensor's cache does, not by a hand list.
+_BYPASS_TAGS = {
+    torch.Tag.data_dependent_output: "data-dependent output",
+    torch.Tag.dynamic_output_shape: "dynamic output shape",
+}
+
+
+def _call(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
+class Runtime:
+    """Decomposes calls of ops outside ``opset``; one per mode or device switch.
+
+    The kernel cache is shared by every runtime with the same opset and table.
+    """
+
+    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None, compiler=None):
+        if on_unsupported not in ON_UNSUPPORTED:
+            raise EagerDecompError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
+        self.opset = opset
+        self.ops = opset.ops  # a frozenset: the pass-through test is one hash lookup
+        self.table = table
+        self.cache = cache
+        self.on_unsupported = on_unsupported
+        self.hint = None  # an extra remedy for UnsupportedOpError, set by the caller that can offer one
+        self.stats = Stats()
+        self._routes: dict = {}
+        self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
+        self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
+        self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
+        self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
+        self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
+        # the C++ hit path (eagerdecomp.native): None on the pure-Python path; under compile=
+        # the compiler's own table, whose programs may run compiled code
+        self.native, self.native_counts = native.table_for(self)
+        self.stats.native = self.native_counts
+        self.stats.kernels_of = cache.kernels_of  # what a kernel served only in C++ runs, for the report
+        self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
+
+    # -- routing -------------------------------------------------------------------
+    def __call__(self, func, args, kwargs):
+        route = self._routes.get(func)
+        if route is None:
+            route = self._routes[func] = self._route_for(func)
+        try:
+            return route(func, args, kwargs)
+        except BaseException as e:
+            # NOTE: PyTorch's dispatch guards restore the whole thread-local key set they
+            # saw when made, and some are held by Python frames (Tensor.__repr__ holds one).
+            # A frame kept alive by the traceback frees its guard after the dispatcher's own
+            # guards have unwound, putting back the state inside this call for good (autograd
+            # off in the whole thread). Freeing the failed call's frames here, before we
+            # return into the dispatcher, keeps the guards in order.
+            traceback.clear_frames(e.__traceback__)
+            raise
+
+    def _route_for(self, func):
+        if func in self.ops:
+            return self.passthrough
+        route = routes.custom_route(func, self.table)  # collectives, infrastructure, custom ops
+        if route is not None:
+            return routes.handler(self, route)
+        for tag, reason in _BYPASS_TAGS.items():
+            if tag in func.tags:
+                log.info("%s: decomposed eagerly on every call (%s)", func, reason)
+                return lambda f, a, k, reason=reason: self.bypass(f, a, k, reason)
+        if func._schema.returns and not returns_tensor(func):
+            # NOTE: a Python value (bool, int...) that a kernel would bake in, right only when all
+            # it reads is in the key; storage sizes and identities (is_set_to) are not
+            return lambda f, a, k: self.bypass(f, a, k, "non-tensor output")
+        if self.native is None or self.serves_device:  # (the device's C++ fallback asked already)
+            return self._decompose
+        call, counts, miss, slow = self.native.call, self.native_counts, native.MISS, self._decompose
+
+        def decompose(func, args, kwargs):  # the C++ hit path first: one call, then Python on a miss
+            out = call(counts, func, args, kwargs)
+            return slow(func, args, kwargs) if out is miss else out
+
+        return decompose
+
+    # -- routes --------------------------------------------------------------------
+    def passthrough(self, func, args, kwargs):
+        self.stats.passthrough(func)
+        return func(*args, **kwargs)
+
+    def decompose(self, func, args, kwargs):
+        """Replay the cached kernel for this call's key, tracing it on a miss."""
+        if self.native is not None and not self.serves_device:
+            out = self.native.call(self.native_counts, func, args, kwargs)  # a hit: keyed, found, replayed in C++
+            if out is not native.MISS:
+                return out
+        return self._decompose(func, args, kwargs)
+
+    @below_forward_ad
+    def _decompose(self, func, args, kwargs):
+        """The Python path: key, look up (trace on a miss), replay; then install the program."""
+        table = self.native
+        if table is not None and self.compiler is None and not self.cache.programs_read and self._store() is not None:
+            # the first miss over this cache: install the programs earlier processes wrote
+            if native.preload(self) and not self.serves_device:
+                out = table.call(self.native_counts, func, args, kwargs)
+                if out is not native.MISS:
+                    return out
+        lift = self._lift.get(func)
+        if lift is None:
+            lift = self._lift[func] = lift_positions(func) + wrapped_positions(func)
+        lifted = ()
+        key_args, key_kwargs = args, kwargs
+        if lift:
+            key_args, key_kwargs, lifted = split(lift, args, kwargs)
+        try:
+            key, tensors = make_key(func, key_args, key_kwargs)
+        except Bypass as b:
+            return self.bypass(func, args, kwargs, b.reason)
+        stats = self.stats
+        tls = self._tls
+        entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
+        cache = "miss" if made else "hit"
+        if type(entry) is Kernel:
+            if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
+                stats.record_kernel(entry)
+            inputs = tensors + [v for _, v in lifted] if lifted else tensors
+            if entry.ints:  # a shape-generic kernel's int arguments are inputs too
+                inputs = inputs + read_ints(entry.ints, args, kwargs)
+            if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
+                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref, len(lifted))
+            elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
+                stats.record(func, Route.REPLAY, DISK, cache)
+            else:
+                if not made and self.compiler is not None:
+                    compiled = self.compiler.lookup(key, entry, inputs, stats)
+                    if compiled is not None:
+                        stats.record(func, Route.REPLAY, COMPILED, cache)
+                        out = ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
+                        if table is not None:
+                            self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
+                        return out
+                route = Route.TRACE if cache == "miss" else Route.REPLAY
+                stats.record(func, route, LIFTED if lifted else None, cache)
+            out = ranged("replay", func, entry, inputs) if profiling() else entry(inputs)
+            if table is not None:  # from now on this key is served in C++
+                self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
+            return out
+        if type(entry) is ByValue:
+            # its floats change the graph: key them by value from now on, in this runtime
+            self._lift[func] = ()
+            stats.keyed_by_value(func)
+            return self._decompose(func, args, kwargs)
+        if type(entry) is Bypassed:
+            if not made:
+                return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
+            try:
+                return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
+            except Exception:
+                # NOTE: eager refuses this call too (a bad argument, overlapping out=): the trace
+                # failed for the call, not the key, so later valid calls may still get a kernel
+                self.cache.discard(key)
+                raise
+        return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
+
+    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
+        """Install this key's C++ program; under compile=, once the compiler's verdict is in
+        (until then its calls must come back here to be counted), with its compiled code."""
+        call = None
+        if self.compiler is not None:
+            call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
+            if call is PENDING:
+                return
+        native.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
+
+    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref, n_lifted):
+        """The first replay of a shape-generic kernel for an exact key, its outputs checked
+        against eager's meta kernel (already matched symbolically: this catches what symbolic
+        reasoning and the real kernels decide differently)."""
+        self.stats.record(func, Route.REPLAY, FAMILY, "miss")
+        out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
+        flat = tree_flatten(out)[0]
+        if len(flat) == len(ref.outs) and all(
+            not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o)) for o, r in zip(flat, ref.outs)
+        ):
+            store = self._store()
+            if store is not None:  # checked here, so a later process loads it by key, unchecked
+                store.save_kernel(key, kernel)
+            if self.native is not None:
+                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
+            return out
+        # NOTE: never expected; a wrong layout must not be returned. A functional op is run
+        # again from an exact-shape kernel; a mutating op has already written: a clear error.
+        self.cache.discard(key)
+        self.cache.set_family(self._tls.fkey, Family((), "replayed layout differed from eager's"))
+        if func._schema.is_mutable:
+            raise MismatchError(f"{func}: a shape-generic kernel returned a layout eager does not; "
+                                "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this")
+        return self.decompose(func, args, kwargs)
+
+    def _from_family(self, func, args, kwargs, tensors, lifted, key):
+        """A shape-generic kernel for this call (found or traced), or None: trace an exact one."""
+        key_args, key_kwargs = args, kwargs
+        if lifted:
+            key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
+        paths = int_paths(symint_positions(func), args, kwargs)
+        ints = read_ints(paths, args, kwargs)
+        try:
+            fkey = family_key(func, key, tensors, paths, key_args, key_kwargs)
+        except NotGeneric as e:
+            self.stats.exact_shapes(func, e.reason)
+            return None
+        eager = []  # the op's meta kernel on this call, made once and only when a guard holds
+
+        def ref():
+            if not eager:
+                with _disable_current_modes():
+                    mode = concrete_fake_mode(tensors)
+                    eager.append(reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True))
+            if isinstance(eager[0], Refusal):  # the family's kernel would answer: eager refuses
+                raise eager[0].error
+            return eager[0]
+
+        def find(members):
+            for m in members:
+                if m.guard(tensors, ints):
+                    if agrees(m, tensors, ref(), ints):
+                        return m.kernel
+                    raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
+            return None
+
+        def make():
+            t0 = time.perf_counter()
+            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted, paths)
+            member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
+            if not member.guard(tensors, ints) or not agrees(member, tensors, ref(), ints):
+                raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
+            log.info("%s: traced a shape-generic kernel in %.1f ms; guard: %s", func, 1e3 * (time.perf_counter() - t0), member.guard.source)
+            return member
+
+        store = self._store()
+        if store is not None and self.cache.family(fkey) is None:
+            members = store.load_members(fkey)  # another process's members, checked per key as ours
+            if members:
+                self.cache.adopt_family(fkey, Family(members))
+        try:
+            kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
+        except (EagerDecompError, Bypass, LiftRefused) as e:
+            # NOTE: the exact trace decides what this call is (unsupported, bypassed...). The
+            # family keeps exact-shape kernels from now on: a symbolic attempt per new shape
+            # of an op with no path would double every miss (only speed is given up)
+            reason = f"symbolic trace refused: {type(e).__name__}"
+            if self.cache.family(fkey) is None:
+                self.cache.set_family(fkey, Family((), reason))
+            self.stats.exact_shapes(func, reason)
+            return None
+        if kernel is None:
+            family = self.cache.family(fkey)
+            self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
+            return None
+        if made:
+            self.stats.record_kernel(kernel)
+            family = self.cache.family(fkey)
+            if store is not None and family is not None and family.members:
+                store.save_members(fkey, family.members)
+                store.save_kernel(key, kernel)  # checked against eager at this key when traced
+        else:
+            self._tls.answer, self._tls.ref, self._tls.fkey = FAMILY, ref(), fkey
+        return kernel
+
+    def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
+        """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
+        self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
+        store = self._store()
+        if store is not None and key is not None:
+            kernel = store.load_kernel(key)
+            if kernel is not None:
+                self._tls.answer = DISK
+                return kernel
+        if key is not None and family_enabled():
+            kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
+            if kernel is not None:
+                return kernel
+        t0 = time.perf_counter()
+        try:
+            if profiling():
+                kernel = ranged("trace", func, trace, func, args, kwargs, tensors, self.opset, self.table, lifted)
+            else:
+                kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
+        except LiftRefused as e:
+            log.info("%s: keyed by the value of its floats (%s)", func, e)
+            return ByValue(str(e))
+        except Bypass as b:
+            if lifted:  # the stand-in values, not the call, may be what failed: retry by value
+                log.info("%s: keyed by the value of its floats (%s)", func, b.reason)
+                return ByValue(b.reason)
+            log.info("%s: no replayable kernel, decomposed eagerly for this key (%s)", func, b.reason)
+            return Bypassed(b.reason)
+        except UnsupportedOpError as e:
+            log.info("%s: no path to the opset (%s)", func, e.reason)
+            return Unsupported(tuple(e.chain), e.reason)
+        log.info("%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops))
+        log.debug("%s: kernel code:%s", func, kernel.code)
+        self.stats.record_kernel(kernel)
+        if store is not None and key is not None:
+            store.save_kernel(key, kernel)
+        return kernel
+
+    def _store(self):
+        return self.store if self.store is not None and disk_enabled() else None
+
+    @below_forward_ad
+    def bypass(self, func, args, kwargs, reason):
+        """Decompose eagerly on the real tensors: still only opset ops run below."""
+        return self._lower_eagerly(func, args, kwargs, reason, None)
+
+    def _lower_eagerly(self, func, args, kwargs, reason, cache):
+        lowerer = Lowerer(self.opset, self.table, _call)
+        # NOTE: no kernel here, so no trace's check of the layout: eager's is read before the
+        # call (an out= is resized by it) and the results are moved to it after
+        ref = refusal = None
+        if layout_matters(func):
+            with _disable_current_modes():  # the meta kernel's calls are no mode's to see
+                ref, refusal = refused(reference(func, args, kwargs, refuse=True))
+            if refusal is not None and func._schema.is_mutable:  # refused before anything is written
+                raise refusal.error
+        else:
+            check(func, args, kwargs)  # what eager refuses that a decomposition might not
+        try:
+            if profiling():
+                out = ranged("eager", func, lowerer.lower, func, args, kwargs)
+            else:
+                out = lowerer.lower(func, args, kwargs)
+        except Stuck as e:
+            if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
+                raise refusal.error from None
+            return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
+        if refusal is not None:  # the decomposition raised nothing of its own where eager refuses
+            raise refusal.error
+        self.stats.record(func, Route.EAGER, reason, cache)
+        return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
+
+    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None):
+        """No path to the opset: the composite kernel (device switch), an error, or a native run."""
+        composite = self.composites.get(func)
+        if composite is not None and error.op is func:
+            # NOTE: a taken-over op whose decomposition leads to an op with no path runs PyTorch's
+            # composite kernel, as the device would without eagerdecomp. The trace failed over
+            # fake tensors (or lowering stopped before any real op), so nothing ran yet.
+            self.stats.record(func, Route.COMPOSITE, error.reason, cache)
+            return func._op_dk(composite, *args, **kwargs)
+        if self.on_unsupported == "error":
+            self.stats.record(func, Route.UNSUPPORTED, error.reason, cache)
+            raise (error.with_hint(self.hint) if self.hint else error) from None
+        if self.on_unsupported == "warn":
+            warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
+        self.stats.record(func, Route.NATIVE, error.reason, cache)
+        return func(*args, **kwargs)
+
+
+def _resolve_decompositions(decompositions) -> dict:
+    """``{op or name or packet: fn}`` -> ``{OpOverload: fn}``, checked."""
+    if not hasattr(decompositions, "items"):
+        raise UnsupportedArgumentError(
+            f"decompositions must be a mapping from op to function, got {type(decompositions).__name__}"
+        )
+    out = {}
+    for op, fn in decompositions.items():
+        if not callable(fn):
+            raise UnsupportedArgumentError(f"decompositions[{op}] must be callable, got {type(fn).__name__}")
+        for overload in resolve_op(op):
+            out[overload] = fn
+    return out
+
+
+def runtime_for(opset, decompositions=None, on_unsupported: str = "error", compile=None) -> Runtime:
+    """A fresh runtime (own stats) over the process-wide cache of ``(opset, table)``;
+    ``compile`` (None, ``"inductor"`` or a graph compiler) compiles its hot kernels."""
+    opset = OpSet.coerce(opset)
+    extra = _resolve_decompositions(decompositions or {})
+    table = default_table(opset, extra.items())
+    fingerprint = (opset, frozenset(extra.items()), table_version())
+    cache = cache_for(fingerprint)
+    return Runtime(opset, table, cache, on_unsupported, store_for(opset, extra), compiler_for(cache, compile, opset))

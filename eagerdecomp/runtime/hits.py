@@ -1,0 +1,204 @@
+"""The C++ hit path, Python's side: install programs, hand out the table, serve misses.
+
+Each kernel cache has a C++ table (``csrc/hit.cpp``) in front of it, shared by the
+runtimes over it (each counts its own hits). The
+table maps an exact key to a *program* (:mod:`eagerdecomp.program`): the key's
+kernel as a straight-line list of boxed operator calls. A call whose key is there
+is keyed, found and replayed in C++ with no Python; the mode's ``decompose`` asks
+it first (one C++ call), and the device switch's C++ fallback asks it before
+entering Python at all. On a miss Python does what it always did (trace, or replay
+from its cache, or a shape-generic kernel) and then :func:`offer` installs the
+program for that key, so the next call with it stays in C++.
+
+The table is a cache of Python's cache: bounded (it starts over when full; keys
+return at the cost of one specialization, not a trace), cleared with it, and its
+per-op hit counters are merged into the runtime's report. Kernels with no program
+(:class:`~eagerdecomp.program.NoProgram`: warnings to re-raise, sizes read from
+intermediates...) stay on Python replay, with the reason in the report
+(``OpRow.python_replay``). ``EAGERDECOMP_NO_EXT=1`` (or no C++ library) gives the
+pure-Python path, with identical results.
+
+With the disk cache on (:mod:`eagerdecomp.disk`), each installed program is also
+written to disk under its C++ key words; a new process installs them all before
+its first miss (:func:`preload`), so a warm process starts on C++ hits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+
+import torch
+
+from eagerdecomp.runtime import library as _ext
+from eagerdecomp.runtime.family import read_ints
+from eagerdecomp.runtime.lift import Each
+from eagerdecomp.ops.overlap import PARTIAL
+from eagerdecomp.runtime.program import NoProgram, Slot, specialize
+
+__all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for", "preload", "saver"]
+
+# C++ returns this object on a miss (the op's outputs are never it)
+MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
+
+MAXSIZE = int(os.environ.get("EAGERDECOMP_CACHE_SIZE", "4096"))
+_NO_PROGRAM_MAX = 4096  # keys remembered as having no program, per runtime (then forgotten)
+
+_tables: "weakref.WeakSet" = weakref.WeakSet()  # runtimes with a table, for clear_all
+_lock = threading.Lock()
+_init = []
+
+
+def enabled() -> bool:
+    """True when the C++ hit path is available (the library is loaded and has it)."""
+    lib = _ext.load()
+    return lib is not None and hasattr(lib, "hit")
+
+
+def table_for(runtime) -> tuple:
+    """``(table, counts)`` for ``runtime``, or ``(None, None)`` on the pure-Python path.
+
+    NOTE: the table is its cache's (shared by every runtime over it, so a mode made per
+    step starts with the programs earlier ones installed); the counts are the runtime's own.
+    Under ``compile=`` the table is the compiler's: its programs may run compiled code, which
+    a runtime without it must not.
+    """
+    if not enabled():
+        return None, None
+    lib = _ext.load()
+    owner = runtime.cache if runtime.compiler is None else runtime.compiler
+    with _lock:
+        if not _init:
+            lib.hit._init(MISS, PARTIAL)
+            _init.append(True)
+        table = getattr(owner, "native_table", None)
+        if table is None:
+            table = owner.native_table = lib.hit.Table(MAXSIZE)
+        _tables.add(runtime)
+    runtime._no_program = {}
+    return table, lib.hit.Counts()
+
+
+def _runtimes(cache) -> list:
+    with _lock:
+        return [rt for rt in _tables if rt.cache is cache and rt.native is not None]
+
+
+def clear_for(cache) -> None:
+    """Empty the table in front of ``cache`` (when it is cleared) and its hit total."""
+    table = getattr(cache, "native_table", None)
+    if table is not None:
+        table.clear()
+    cache.programs_read, cache.programs_preloaded = False, 0  # the next miss reads the disk's again
+    for rt in _runtimes(cache):
+        rt._no_program.clear()
+
+
+def hits_for(cache) -> int:
+    """Hits the table in front of ``cache`` served since it was last cleared."""
+    table = getattr(cache, "native_table", None)
+    return table.total() if table is not None else 0
+
+
+def _positions(positions) -> list:
+    """lift.py's positions as the table reads them: ``(index or -1, name or "", each)``."""
+    out = []
+    for p in positions:
+        each = type(p) is Each
+        p = p.pos if each else p
+        out.append((p, "", each) if type(p) is int else (-1, p, each))
+    return out
+
+
+def _changed(key, tensors) -> bool:
+    """Whether a tensor's sizes, strides or offset differ from the key's (read before the call)."""
+    metas = [p for p in key.parts if type(p) is tuple and len(p) == 7 and type(p[0]) is torch.Size]
+    return len(metas) != len(tensors) or any(
+        (m[0], m[1], m[2]) != (t.shape, t.stride(), t.storage_offset()) for m, t in zip(metas, tensors))
+
+
+def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None) -> None:
+    """``kernel`` just answered this call correctly: install its program for the call's key
+    (the mode), or leave it for the device switch's C++ fallback to install. ``call``
+    (compile=): the key's compiled code, which the program runs instead of its steps; such
+    programs are not written to disk (the next process compiles, from Inductor's cache)."""
+    if key in runtime._no_program:
+        return
+    try:
+        if torch.Tag.inplace_view in func.tags or _changed(key, tensors):
+            # NOTE: squeeze_, t_, a resized out=... changed an argument's sizes: installing reads
+            # the key from the arguments after the call, which would file the program wrongly
+            raise NoProgram("the call changes an argument's sizes or strides")
+        ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
+        calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
+        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0, call)
+        if runtime.serves_device:
+            runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
+            return
+        words = runtime.native.install(func, args, kwargs, *program[1:6], call)
+        if words is not None:
+            store = runtime._store() if call is None else None
+            if store is not None:
+                _save(store, False, words, program)
+            return
+        reason = "an argument the C++ key does not take"
+    except NoProgram as e:
+        reason = str(e)
+    except Exception as e:  # noqa: BLE001 - the call succeeded; only its program is given up
+        reason = f"not convertible: {type(e).__name__}: {str(e)[:120]}"
+    if len(runtime._no_program) >= _NO_PROGRAM_MAX:
+        runtime._no_program.clear()
+    runtime._no_program[key] = None
+    runtime.stats.python_replay(func, reason)
+
+
+# -- programs on disk ------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> str:
+    """Names the C++ build whose key words a program is filed under (layout version, file)."""
+    lib = _ext.load()
+    st = os.stat(lib.__file__)
+    return f"w{lib.hit.WORDS}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _save(store, stack: bool, words, program) -> None:
+    func, positions, calls, outputs, n_slots, _, lifted = program[:7]
+    store.save_program(_library(), (stack, str(func), list(words), lifted, positions, calls, outputs, n_slots))
+
+
+def saver(runtime):
+    """The device fallback's ``on_install``: write each program it installs to disk."""
+
+    def save(words, program):
+        store = runtime._store()
+        if store is not None:
+            _save(store, True, words, program)
+
+    return save
+
+
+def preload(runtime) -> int:
+    """Install the programs earlier processes wrote for this runtime's cache (once per cache,
+    before its first Python miss); returns how many. Off with the disk cache."""
+    cache, store, table = runtime.cache, runtime._store(), runtime.native
+    if store is None or table is None or runtime.compiler is not None:
+        return 0  # (under compile=, keys go through Python until the compiler has decided)
+    with _lock:
+        if getattr(cache, "programs_read", False):
+            return 0
+        cache.programs_read = True
+    from eagerdecomp.runtime.disk import _op_from_name
+
+    n = 0
+    for stack, name, words, lifted, positions, calls, outputs, n_slots in store.load_programs(_library()):
+        try:
+            table.install_words(_op_from_name(name), stack, words, positions, calls, outputs, n_slots, Slot, lifted)
+            n += 1
+        except Exception:  # noqa: BLE001 - an op or device this process lacks: that key is a miss
+            continue
+    cache.programs_preloaded = getattr(cache, "programs_preloaded", 0) + n
+    return n

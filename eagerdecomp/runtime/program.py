@@ -1,0 +1,170 @@
+"""Programs: a cached kernel specialized to one exact key, for the C++ hit path.
+
+A :class:`~eagerdecomp.replay.Kernel` is an FX graph replayed by Python. Its
+*program* is the same computation as a straight-line list of operator calls
+that C++ (``csrc/hit.cpp``) runs boxed, with no Python on the way: each call
+names its op and its arguments, each argument a constant or a :class:`Slot`
+(the call's inputs first: its tensors in key order, then its lifted floats;
+then each call's results, in order).
+
+Specializing is cheap, not a trace: a shape-generic kernel reads sizes
+(:func:`eagerdecomp.symbolic.size` ...) and does integer arithmetic on them in
+Python; both are evaluated once here at the key's concrete sizes and become
+constants. What cannot be specialized (a size read from an intermediate, an op
+returning a number, warnings to re-raise, outputs that are not tensors)
+raises :class:`NoProgram`, and the key stays on Python replay.
+
+Example::
+
+    >>> import torch
+    >>> import eagerdecomp as ed
+    >>> mode = ed.EagerDecompMode("core_aten")
+    >>> x = torch.randn(8)
+    >>> with mode:
+    ...     for _ in range(3):
+    ...         y = torch.nn.functional.silu(x)   # traced, then served by its program
+    >>> row = mode.report().row(torch.ops.aten.silu.default)
+    >>> row.native if ed.native.enabled() else 2   # C++ hits (0 on the pure-Python path)
+    2
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import operator
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from eagerdecomp.ops import overlap
+from eagerdecomp.runtime import symbolic
+
+__all__ = ["Slot", "NoProgram", "specialize"]
+
+
+class Slot:
+    """A value of the program: input ``i`` or an earlier call's result (by number)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __repr__(self) -> str:
+        return f"%{self.i}"
+
+
+class _ListSlot(Slot):
+    """A ``Tensor[]`` result: its items are read with a pick."""
+
+
+class NoProgram(Exception):
+    """This kernel has no straight-line program at this key; ``str(e)`` says why."""
+
+
+# Plain functions a shape-generic kernel calls on sizes: evaluated once at concrete values.
+_EVALUATED = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.pow,
+              operator.neg, symbolic.sym_max, symbolic.sym_min}
+_READS = {symbolic.size: lambda t, d: t.size(d), symbolic.stride: lambda t, d: t.stride(d),
+          symbolic.offset: lambda t: t.storage_offset()}
+
+
+# pytree's node types of a flat sequence of outputs (tuple, list, namedtuple, structseq)
+_SEQUENCES = {tuple, list, collections.namedtuple, getattr(pytree, "structseq", tuple)}
+_RULES = {"internal": 1, "partial": 2, "any": 4}  # csrc/hit.cpp's overlap check reads these bits
+
+
+@functools.lru_cache(maxsize=None)  # one entry per aten overload a kernel calls
+def _returns(op) -> str:
+    """``"tensors"`` (n Tensor returns), ``"list"`` (one Tensor[]), or why not."""
+    kinds = {str(r.type) for r in op._schema.returns}
+    if not kinds or kinds == {"Tensor"}:
+        return "tensors"
+    if kinds == {"List[Tensor]"} and len(op._schema.returns) == 1:
+        return "list"
+    return f"{op} returns {', '.join(sorted(kinds))}"
+
+
+def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
+    """``(calls, outputs, n_slots)`` for ``kernel`` at the key of ``tensors`` (and its ``ints``).
+
+    ``calls``: ``("call", name, overload, args, kwargs, first_slot, n_results)`` per op call,
+    ``("pick", list_slot, index, slot)`` for an item of a ``Tensor[]`` result, and
+    ``("check", rules, dest_slots, input_slots)`` for eager's overlap check of an in-place or
+    out= op (:mod:`eagerdecomp.overlap`: whether two tensors share memory is not in the key).
+    ``outputs``: the slot number of each flat output. Raises :class:`NoProgram`.
+    """
+    if kernel.warnings:
+        raise NoProgram("it re-raises warnings on replay")
+    spec = kernel.spec
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs  # torch < 2.12
+    # a namedtuple (return_types) comes back as a plain tuple, as any dispatch mode's does
+    flat_seq = spec.type in _SEQUENCES or isinstance(spec.type, type) and issubclass(spec.type, tuple)
+    if not (kernel.single or flat_seq and all(c.is_leaf() for c in children)):
+        raise NoProgram("nested output structure")
+    env: dict = {}
+    calls: list = []
+    n = len(tensors) + n_lifted
+    inputs = iter(range(n))
+    ints = list(ints)
+
+    def value(x):
+        if isinstance(x, fx.Node):
+            return env[x]
+        if isinstance(x, (list, tuple)):  # FX keeps its own immutable list and tuple types
+            return (tuple if isinstance(x, tuple) else list)(value(y) for y in x)
+        return x
+
+    def concrete(x) -> bool:
+        if isinstance(x, Slot):
+            return False
+        if isinstance(x, (list, tuple)):
+            return all(concrete(y) for y in x)
+        return True
+
+    for node in kernel.module.graph.nodes:
+        if node.op == "placeholder":
+            if node.name.startswith("i"):
+                env[node] = ints[int(node.name[1:])]
+            else:
+                env[node] = Slot(next(inputs))
+        elif node.op == "get_attr":
+            env[node] = getattr(kernel.module, node.target)
+        elif node.op == "call_function":
+            target = node.target
+            args, kwargs = value(node.args), {k: value(v) for k, v in node.kwargs.items()}
+            if isinstance(target, torch._ops.OpOverload):
+                kind = _returns(target)
+                if kind == "list":
+                    env[node] = _ListSlot(n)
+                    count = 1
+                elif kind == "tensors":
+                    count = len(target._schema.returns)
+                    env[node] = Slot(n) if count == 1 else tuple(Slot(n + j) for j in range(count))
+                else:
+                    raise NoProgram(kind)
+                calls.append(("call", target._schema.name, target._schema.overload_name, args, kwargs, n, count))
+                n += count
+            elif target is operator.getitem and isinstance(args[0], _ListSlot):
+                calls.append(("pick", args[0].i, args[1], n))
+                env[node] = Slot(n)
+                n += 1
+            elif target is operator.getitem and type(args[0]) is tuple:
+                env[node] = args[0][args[1]]
+            elif target is overlap._replay_check and all(isinstance(x, Slot) for x in (*args[1], *args[2])):
+                mask = sum(_RULES[r] for r in args[0])
+                calls.append(("check", mask, [x.i for x in args[1]], [x.i for x in args[2]]))
+            elif target in _READS and isinstance(args[0], Slot) and args[0].i < len(tensors):
+                env[node] = _READS[target](tensors[args[0].i], *args[1:])
+            elif target in _EVALUATED and concrete(args) and not kwargs:
+                env[node] = target(*args)
+            else:
+                raise NoProgram(f"calls {getattr(target, '__name__', target)} on values known only at run time")
+        elif node.op == "output":
+            flat = value(node.args[0])
+            if not all(type(o) is Slot for o in flat):
+                raise NoProgram("an output is not a tensor the program computes")
+            return calls, [o.i for o in flat], n
+    raise NoProgram("the graph has no output")
