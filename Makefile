@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
+.PHONY: demo test check lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,11 +89,27 @@ STRESS_RUNS ?= 100
 stress: install
 	EAGERDECOMP_STRESS_RUNS=$(STRESS_RUNS) EAGERDECOMP_STRESS_THREADS=6 $(PY) -m pytest tests/test_threads.py $(PYTEST_ARGS)
 
+# the benchmarks; those the docs render write their JSON to bench/results/ (then: make docs)
 bench: install
-	$(PY) bench/micro.py
+	$(PY) bench/step.py --json bench/results/step.json
+	$(PY) bench/device.py --json bench/results/device.json
+	$(PY) bench/micro.py --json bench/results/micro.json
 	$(PY) bench/key.py
-	$(PY) bench/device.py
 	$(PY) bench/compile.py
+
+# the measured tables of README.md and docs/ rendered from bench/results/*.json
+docs:
+	$(PY) bench/render.py
+
+# ruff's lint and format check, and the rendered tables' freshness
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) bench/render.py --check
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 # the coverage report in the terminal, and as a static page: open coverage.html in a browser
 report: install

@@ -248,7 +248,11 @@ def test_nll_loss_takes_uint8_targets_as_eager(switched_device):
         return torch.cat([loss.reshape(1), x.grad.reshape(-1)])
 
     native, mode, dev = _run_everywhere(fn, x, t, device=switched_device)
-    assert _same(mode, native) and _same(dev, native)
+    # NOTE: eager's mean reduction sums in its own order, so the loss can differ in the last
+    # bit from the decomposition's, with long targets as with uint8 ones: values to rounding
+    for got in (mode, dev):
+        assert isinstance(got, torch.Tensor) and got.dtype == native.dtype and got.shape == native.shape
+        torch.testing.assert_close(got, native)
 
 
 @pytest.mark.parametrize("warn_only", [False, True])

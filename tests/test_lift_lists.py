@@ -67,7 +67,7 @@ def by_value(monkeypatch):
     import eagerdecomp.runtime.core
 
     def make():
-        monkeypatch.setattr(eagerdecomp.runtime, "lift_positions", lambda func: ())
+        monkeypatch.setattr(eagerdecomp.runtime.core, "lift_positions", lambda func: ())
         mode = ed.EagerDecompMode("core_aten")
         # NOTE: on the Python hit path: the C++ table is shared per cache, and the lifting
         # mode's programs (with its lift positions) would answer this mode's calls too

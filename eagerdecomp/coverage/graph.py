@@ -292,7 +292,7 @@ def _resolve_all(op_name):
 
 
 # the modules whose code decides the graph: a change to any of them rebuilds it (with the
-# project's fill modules, table.FILL_MODULES)
+# project's family modules, table.FAMILY_MODULES)
 _GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "routes.py", "registry.py",
                   "table.py", "variants.py", "opset.py", "schema.py", "overlap.py")
 
@@ -304,11 +304,11 @@ def _fingerprint() -> str:
     flavours' tables costs seconds, which every cached answer would pay, and the graph is
     built in a fresh process where this process's own registrations do not exist anyway.
     """
-    from eagerdecomp.decompositions.table import FILL_MODULES
+    from eagerdecomp.decompositions.table import FAMILY_MODULES
 
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent.parent  # the package: sources are named from there
-    for path in _GRAPH_SOURCES + tuple(f"{m}.py" for m in FILL_MODULES):
+    for path in _GRAPH_SOURCES + tuple(f"{m}.py" for m in FAMILY_MODULES):
         if (here / path).exists():
             h.update(path.encode() + (here / path).read_bytes())
     return h.hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""GradScaler's two kernels in core ops: mixed-precision training on a device that has none.
+"""GradScaler's two kernels in core ops: mixed-precision training on a device that has none
+(and ``clip_grad_norm_``'s foreach norm, another kernel of the training step).
 
 ``torch.amp.GradScaler`` calls ``_amp_foreach_non_finite_check_and_unscale_`` on the
 gradients and ``_amp_update_scale_`` on its scale every step; PyTorch has no
@@ -54,3 +55,10 @@ def amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_f
     aten.copy_.default(scale, new_scale)
     aten.copy_.default(growth_tracker, new_tracker)
     return scale
+
+
+# NOTE: clip_grad_norm_ calls this with foreach on CUDA and PrivateUse1 devices; no
+# per-tensor overload of norm has its signature, so it is mapped by hand.
+@project_decomposition(aten._foreach_norm.Scalar)
+def foreach_norm(self, ord=2, dtype=None):
+    return [aten.linalg_vector_norm.default(t, ord, dtype=dtype) for t in self]

@@ -1,4 +1,6 @@
-"""Backward ops with no decomposition in PyTorch's tables, each the transpose of its forward.
+"""Backward ops with no decomposition in PyTorch's tables, each the transpose of its forward:
+upsampling (linear, bicubic, nearest), pooling, padding, shrinkage, masked_scatter, weight
+norm and distances.
 
 Checked against autograd of the native forward (tests/test_fills.py) and by the
 conformance suite's float64 gradients. Sums run in the opmath dtype (float32 for
@@ -82,6 +84,95 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
     return cast(out, grad_output.dtype)
 
 
+# NOTE: PyTorch decomposes the linear upsampling forwards but not their backwards, which
+# every segmentation or U-Net training step meets. The backward of a linear map is its
+# transpose: each output gradient goes back to the 2**d input corners it was blended
+# from, weighted as in the forward, accumulated with index_put (core). Sums run in the
+# opmath dtype, so results are exact to rounding, not bitwise.
+def _linear_source(in_size, out_size, align_corners, scale, dtype, device):
+    if align_corners:
+        step = (in_size - 1.0) / (out_size - 1.0) if out_size > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    dst = aten._to_copy.default(aten.arange.start_step(0, out_size, 1, device=device), dtype=dtype)
+    src = aten.mul.Tensor(dst, step) if align_corners else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    src = aten.clamp.default(src, 0.0)
+    lo = aten._to_copy.default(src, dtype=torch.int64)
+    hi = aten.clamp.default(aten.add.Tensor(lo, 1), None, in_size - 1)
+    frac = aten.clamp.default(aten.sub.Tensor(src, lo), 0.0, 1.0)
+    return (lo, aten.rsub.Scalar(frac, 1.0)), (hi, frac)
+
+
+def _upsample_linear_backward(grad_output, output_size, input_size, align_corners, scales):
+    acc = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+    grad = aten._to_copy.default(grad_output, dtype=acc)
+    d = len(output_size)
+    corners = []
+    for k, (i, o, s) in enumerate(zip(input_size[2:], output_size, scales)):
+        shape = [o] + [1] * (d - 1 - k)  # broadcast along this spatial dim only
+        corners.append([(aten.view.default(ix, shape), aten.view.default(w, shape))
+                        for ix, w in _linear_source(i, o, align_corners, s, acc, grad.device)])
+    out = aten.full.default(list(input_size), 0, dtype=acc, device=grad.device)
+    for pick in itertools.product(*corners):
+        weight = functools.reduce(aten.mul.Tensor, [w for _, w in pick])
+        out = aten.index_put.default(out, [None, None, *[ix for ix, _ in pick]], aten.mul.Tensor(grad, weight), True)
+    return aten._to_copy.default(out, dtype=grad_output.dtype)
+
+
+@project_decomposition(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales])
+
+
+@project_decomposition(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_h, scales_w])
+
+
+@project_decomposition(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_d, scales_h, scales_w])
+
+
+# NOTE: the nearest-neighbour upsampling backwards have no decomposition in PyTorch
+# either. Each output gradient goes back to the one input it was copied from, with the
+# index computed as the CPU kernels do (in float32: floor(dst * scale), or
+# floor((dst + 0.5) * scale) for the "exact" variants, clamped to the input).
+def _nearest_source(in_size, out_size, scale, exact, device):
+    step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    dst = aten._to_copy.default(aten.arange.start_step(0, out_size, 1, device=device), dtype=torch.float32)
+    src = aten.mul.Tensor(aten.add.Tensor(dst, 0.5) if exact else dst, step)
+    src = aten._to_copy.default(aten.floor.default(src), dtype=torch.int64)
+    return aten.clamp.default(src, None, in_size - 1)
+
+
+def _upsample_nearest_backward(grad_output, output_size, input_size, scales, exact):
+    acc = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+    d = len(output_size)
+    index = [
+        aten.view.default(_nearest_source(i, o, s, exact, grad_output.device), [o] + [1] * (d - 1 - k))
+        for k, (i, o, s) in enumerate(zip(input_size[2:], output_size, scales))
+    ]
+    out = aten.full.default(list(input_size), 0, dtype=acc, device=grad_output.device)
+    out = aten.index_put.default(out, [None, None, *index], aten._to_copy.default(grad_output, dtype=acc), True)
+    return aten._to_copy.default(out, dtype=grad_output.dtype)
+
+
+def _nearest_backward_fill(op, dims, exact):
+    names = ["scales"] if dims == 1 else ["scales_d", "scales_h", "scales_w"][3 - dims :]
+
+    def backward(grad_output, output_size, input_size, *scales, **kw):
+        given = list(scales) + [kw.get(n) for n in names[len(scales) :]]
+        return _upsample_nearest_backward(grad_output, output_size, input_size, given, exact)
+
+    project_decomposition(op)(backward)
+
+
+for _dims in (1, 2, 3):
+    _nearest_backward_fill(getattr(aten, f"upsample_nearest{_dims}d_backward").default, _dims, exact=False)
+    _nearest_backward_fill(getattr(aten, f"_upsample_nearest_exact{_dims}d_backward").default, _dims, exact=True)
+
+
 # NOTE: the max-pooling backwards with saved indices (adaptive 2d/3d, max_pool3d) have no
 # decomposition in PyTorch. Each output gradient goes to the input element its index names
 # (flat within each channel's spatial plane), accumulated where windows overlap: scatter_add
@@ -149,6 +240,22 @@ def masked_scatter_backward(grad_output, mask, sizes):
     total = _numel(sizes)
     pad = aten.full.default([total - taken.shape[0]], 0, dtype=grad_output.dtype, device=grad_output.device)
     return aten.view.default(aten.cat.default([taken, pad]), list(sizes))
+
+
+# NOTE: no decomposition in PyTorch. Both pass the gradient outside [-lambd, lambd].
+def _shrink_backward(grad_out, self, lambd):
+    inside = aten.logical_and.default(aten.ge.Scalar(self, -lambd), aten.le.Scalar(self, lambd))
+    return aten.where.self(inside, aten.scalar_tensor.default(0, dtype=grad_out.dtype, device=grad_out.device), grad_out)
+
+
+@project_decomposition(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    return _shrink_backward(grad_out, self, lambd)
+
+
+@project_decomposition(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    return _shrink_backward(grad_output, self, lambd)
 
 
 # -- average pooling backwards, 3-D: separable window matrices -----------------------------------

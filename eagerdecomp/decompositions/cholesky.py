@@ -8,7 +8,7 @@ finished columns before it, its diagonal's square root, the rest scaled): a non-
 (or NaN) pivot stops the factorization with ``info`` = j+1 (1-based), leaves that pivot's
 value in place and the columns after it as they were in the input, as dpotf2 does and as
 MKL's potrf leaves them up to n = 128 (measured); past that MKL blocks, so a larger failing
-input is declined (the fill reads ``info``, the bypass path). Values agree with LAPACK's to
+input is declined (the decomposition reads ``info``, the bypass path). Values agree with LAPACK's to
 rounding (the conformance accuracy rule). Complex inputs are declined (conjugation).
 """
 
@@ -35,7 +35,7 @@ def _mT(A):
 
 def _fortran(X):
     """``X`` in LAPACK's batched column-major layout, eager's strides for these outputs (the
-    bypass path, taken when a fill reads ``info``, is not restrided to the meta kernel's)."""
+    bypass path, taken when a decomposition reads ``info``, is not restrided to the meta kernel's)."""
     return _mT(aten.clone.default(_mT(X), memory_format=torch.contiguous_format))
 
 

@@ -1,7 +1,7 @@
 """EmbeddingBag (recommendation models, bag-of-words encoders) beyond the core forward.
 
 Core ATen keeps ``_embedding_bag``; its forward-only twin, the backward and the dense and
-per-sample-weight gradients have no decomposition in PyTorch. Each fill follows the CPU
+per-sample-weight gradients have no decomposition in PyTorch. Each decomposition follows the CPU
 kernel in ``aten/src/ATen/native/EmbeddingBag.cpp``. The gradients add in another order
 than the kernel's loops: they agree to rounding.
 """

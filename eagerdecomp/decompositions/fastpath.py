@@ -9,7 +9,7 @@ PrivateUse1 backend alike. PyTorch has no decomposition for either, nor for the 
 helpers the first one's CPU kernel is built from (``_transform_bias_rescale_qkv`` and
 ``_masked_softmax``), so every inference run of a stock transformer stopped there.
 
-Each fill follows the CPU kernel (``aten/src/ATen/native/transformers/attention.cpp``,
+Each decomposition follows the CPU kernel (``aten/src/ATen/native/transformers/attention.cpp``,
 ``transformer.cpp`` and ``SoftMax.cpp``), step by step and in the same dtype:
 
 * the projection of query, key and value (one matrix product when they are one tensor);

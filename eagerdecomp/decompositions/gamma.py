@@ -10,7 +10,7 @@ branch conditions, with the kernel's x^a e^-x / Gamma(a) prefactor (Lanczos sum,
 Each loop stops per element where the kernel's stops (its convergence tests and its 2000-step
 limit, so its truncated answers where it hits the limit are reproduced too); the loops check
 every 16 steps whether any element is still running, a data value: these ops run on the bypass
-path. lgamma and erfc are special.py's float64 fills. At float64 the result is the kernel's
+path. lgamma and erfc are special.py's float64 decompositions. At float64 the result is the kernel's
 arithmetic to rounding; at float32 and the 16-bit types (which the kernel computes in float) it is
 closer to the float64 reference than the kernel. Integer inputs, which eager refuses, are declined.
 """

@@ -11,7 +11,7 @@ skipped, the last bin closed) by one of:
 * histogram/histogramdd with a bin count: that estimate, then ``std::upper_bound`` over the
   edges at estimate - 1 .. estimate + 1, which keeps the result consistent with the returned edges;
 * given edge tensors: ``std::upper_bound`` over all of them (a binary search whose probe order
-  decides the bin when the edges are not sorted: searchsorted's fill reproduces it).
+  decides the bin when the edges are not sorted: searchsorted's decomposition reproduces it).
 
 The edges here are spacing.py's replay of eager's linspace, so the first and last edges, the
 estimate and the searched edges are eager's bit for bit, and so are the bins. Counts are added

@@ -1,13 +1,17 @@
 """Indexing and tensor-creation ops models reach directly, with no path to the opset in PyTorch.
 
 Found by replaying the aten calls of real training steps (PyTorch's benchmark operator logs).
+Here: ``lift_fresh_copy``, index_put's private forms, ``index_reduce``, ``repeat_interleave``,
+``embedding_renorm``, ``as_strided_scatter``, ``nonzero_static``, ``select.int`` (for opsets
+without it), ``masked_select``, ``put``, the legacy ``scatter(reduce=)``, and out= forms that
+lay out their result as eager does (``ones``/``zeros``, ``cat``, ``nonzero``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from eagerdecomp.ops.overlap import storage_positions
+from eagerdecomp.ops.overlap import guard, storage_positions
 from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.ops.variants import resize_out
 
@@ -207,3 +211,80 @@ def nonzero_static(self, *, size, fill_value=-1):
         return aten.clone.default(aten.slice.Tensor(found, 0, 0, size), memory_format=torch.contiguous_format)
     pad = aten.full.default([size - n, ndim], fill_value, dtype=torch.int64, device=self.device)
     return aten.cat.default([found, pad])
+
+
+# NOTE: core ATen keeps select.int, so this only serves opsets without it (prims):
+# PyTorch has neither a decomposition nor a ref for it.
+@project_decomposition(aten.select.int)
+def select_int(self, dim, index):
+    dim = dim % self.dim()
+    size = self.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}")
+    index = index % size
+    sizes = [n for d, n in enumerate(self.shape) if d != dim]
+    strides = [st for d, st in enumerate(self.stride()) if d != dim]
+    offset = self.storage_offset() + index * self.stride(dim)
+    return torch.ops.prims.as_strided.default(self, sizes, strides, offset)
+
+
+# NOTE: no decomposition in PyTorch. Indexing with a boolean mask is core
+# (index.Tensor) and selects exactly the masked elements in row-major order.
+@project_decomposition(aten.masked_select.default)
+def masked_select(self, mask):
+    shape = list(torch.broadcast_shapes(self.shape, mask.shape)) or [1]  # a 0-dim pair selects as 1-D
+    return aten.index.Tensor(aten.expand.default(self, shape), [aten.expand.default(mask, shape)])
+
+
+# NOTE: no decomposition in PyTorch. put indexes self as if it were 1-D: index_put
+# (core) on the flattened tensor is the same, negative indices and accumulate included.
+@project_decomposition(aten.put.default)
+def put(self, index, source, accumulate=False):
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    out = aten.index_put.default(flat, [aten.view.default(index, [-1])], aten.view.default(source, [-1]), accumulate)
+    return aten.view.default(out, list(self.shape))
+
+
+# NOTE: the legacy scatter(reduce="add"|"multiply") is scatter_reduce (core) including self.
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@project_decomposition(aten.scatter.reduce)
+def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    if reduce not in _SCATTER_REDUCE:
+        return NotImplemented
+    return aten.scatter_reduce.two(self, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
+# NOTE: ... and its scalar form scatters value (in self's dtype) the same way.
+@project_decomposition(aten.scatter.value_reduce)
+def scatter_value_reduce_legacy(self, dim, index, value, *, reduce):
+    if reduce not in _SCATTER_REDUCE:
+        return NotImplemented
+    src = aten.full.default(list(index.shape), value, dtype=self.dtype, device=self.device)
+    return aten.scatter_reduce.two(self, dim, index, src, _SCATTER_REDUCE[reduce], include_self=True)
+
+
+# NOTE: cat is structured: an out= it resizes takes the strides eager's functional cat picks
+# (channels-last inputs give a channels-last out); the generic out rule resizes contiguous.
+@project_decomposition(aten.cat.out)
+def cat_out(tensors, dim=0, *, out):
+    guard(aten.cat.out, aten.cat.default, out, [tensors])
+    result = aten.cat.default(tensors, dim)
+    if out.shape != result.shape:
+        resize_out(out, result.shape)
+        if torch._prims_common.is_non_overlapping_and_dense_or_false(result):
+            aten.as_strided_.default(out, result.shape, result.stride(), out.storage_offset())
+    return aten.copy_.default(out, result)
+
+
+# NOTE: eager's nonzero(out=) hands back a column-major (n, ndim) out, the transpose of an
+# (ndim, n) buffer, unless the out it got already has that shape (then it keeps its strides).
+@project_decomposition(aten.nonzero.out)
+def nonzero_out(self, *, out):
+    result = aten.nonzero.default(self)
+    n, ndim = result.shape
+    if out.shape != result.shape:
+        resize_out(out, (ndim, n))
+        aten.as_strided_.default(out, (n, ndim), (1, n), out.storage_offset())
+    return aten.copy_.default(out, result)

@@ -225,7 +225,7 @@ def _vector_rhs(A, B):
 def linalg_solve_ex(A, B, *, left=True, check_errors=False):
     # NOTE: eager (torch 2.13) factors A itself, whatever its layout, and returns that LU and
     # pivots (its backward solves with them, adjoint=True); the solve broadcasts the batches.
-    # An earlier fill factored A^T for contiguous A, as older eager did: its forward values
+    # An earlier version of this decomposition factored A^T for contiguous A, as older eager did: its forward values
     # matched but the gradients, computed from the returned LU, did not.
     if not _square(A) or B.dtype != A.dtype or B.dim() < 1:
         return NotImplemented

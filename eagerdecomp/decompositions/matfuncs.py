@@ -7,7 +7,7 @@ thresholds theta_d (float32 and float64 have their own), and from theta_12 up sc
 s times; a NaN norm gives NaN. Here every candidate is computed over the whole batch from
 shared powers of the scaled matrix (17 products) and the one eager picks is selected with
 where, so no norm is read to choose a degree. The squarings are the one data-dependent
-step, as they are in eager (it reads s on the CPU): the fill reads the largest s, so a call
+step, as they are in eager (it reads s on the CPU): the decomposition reads the largest s, so a call
 takes the bypass path, and declines when s would overflow eager's 2^s (s > 62) or is not
 finite. The polynomials are Taylor's, which eager's product schemes (Bader, Blanes, Casas)
 evaluate to rounding. Every dtype is computed in float64 (float64's thresholds) and rounded

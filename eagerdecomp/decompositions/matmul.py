@@ -1,6 +1,7 @@
-"""Grouped matrix multiplication (mixture-of-experts layers: transformers' grouped experts path).
+"""Matrix products with no decomposition in PyTorch: grouped matrix multiplication
+(mixture-of-experts layers: transformers' grouped experts path), ``_trilinear`` and ``addbmm``.
 
-NOTE: no decomposition in PyTorch. ``offs`` holds the cumulative ends of the groups along
+NOTE (grouped mm): no decomposition in PyTorch. ``offs`` holds the cumulative ends of the groups along
 the grouped dimension; each row (or column, or slice of the contraction) is matched to
 its group by comparing its position with ``offs`` (no data value is read, so the kernel
 traces once), then one batched matmul does every group at once. The CPU kernel runs one
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.checks import scalar_type_name
 
 aten = torch.ops.aten
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -99,3 +101,20 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
         if letters[d] not in present:
             out = aten.unsqueeze.default(out, pos)
     return aten.clone.default(out, memory_format=torch.contiguous_format)
+
+
+# NOTE: no decomposition in PyTorch. Eager's kernel adds one batch at a time into the result,
+# an addmm per batch (beta applied by the first): the same chain of core addmm calls here,
+# bitwise eager in every dtype (a bmm summed over the batch rounds in another order).
+@project_decomposition(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    out = aten.expand.default(self, [batch1.shape[1], batch2.shape[2]])
+    if batch1.shape[0] == 0:  # eager: self's copy, times beta in place (a float beta on integers refused)
+        if beta == 0:
+            return aten.zeros_like.default(out, memory_format=torch.contiguous_format)
+        if type(beta) is float and not (self.dtype.is_floating_point or self.dtype.is_complex):
+            raise RuntimeError(f"result type Float can't be cast to the desired output type {scalar_type_name(self.dtype)}")
+        return aten.mul.Tensor(out, beta)
+    for i in range(batch1.shape[0]):
+        out = aten.addmm.default(out, aten.select.int(batch1, 0, i), aten.select.int(batch2, 0, i), beta=beta if i == 0 else 1, alpha=alpha)
+    return out

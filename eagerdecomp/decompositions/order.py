@@ -1,7 +1,10 @@
-"""Order statistics in core ops (histograms: histogram.py).
+"""Order statistics in core ops: the maximum and minimum of all elements, cumulative extremes,
+stable sort, logcumsumexp, searchsorted, bincount, and unique in all its forms (``_unique``,
+``_unique2``, ``unique_consecutive``, ``unique_dim``). Histograms: histogram.py; median, mode
+and kthvalue: selection.py.
 
-Each fill follows its CPU kernel's arithmetic where the kernel defines the answer
-(bin selection, tie-breaking); where an argument would need a rule the fill does
+Each decomposition follows its CPU kernel's arithmetic where the kernel defines the answer
+(bin selection, tie-breaking); where an argument would need a rule the decomposition does
 not reproduce, it declines (no path, a clear error) rather than answer differently.
 """
 
@@ -18,6 +21,18 @@ aten = torch.ops.aten
 
 def _item(t):
     return aten._local_scalar_dense.default(t)
+
+
+# NOTE: the full reductions x.max() / x.min() have no decomposition in PyTorch;
+# amax/amin over every dimension are core and return the same 0-dim tensor.
+@project_decomposition(aten.max.default)
+def max_all(self):
+    return aten.amax.default(self, list(range(self.dim())))
+
+
+@project_decomposition(aten.min.default)
+def min_all(self):
+    return aten.amin.default(self, list(range(self.dim())))
 
 
 # NOTE: histc moved to histogram.py (with histogram and histogramdd, which share its bin rules).
@@ -215,6 +230,56 @@ def bincount(self, weights=None, minlength=0):
     return aten.index_put.default(out, [index], aten._to_copy.default(weights, dtype=dtype), True)
 
 
+def _runs(values, return_inverse, return_counts, order=None):
+    """Unique runs of a 1-D ``values``: ``(firsts, inverse, counts)`` as unique's kernels return them.
+
+    ``order`` maps positions of ``values`` back to the input's (a sort's indices), if any.
+    """
+    n = values.shape[0]
+    empty = aten.full.default([0], 0, dtype=torch.int64, device=values.device)
+    if n == 0:
+        return values, empty, empty
+    starts = aten.ne.Tensor(aten.slice.Tensor(values, 0, 1), aten.slice.Tensor(values, 0, 0, -1))
+    starts = aten.cat.default([aten.full.default([1], True, dtype=torch.bool, device=values.device), starts])
+    firsts = aten.index.Tensor(values, [starts])
+    group = aten.sub.Tensor(aten.cumsum.default(starts, 0, dtype=torch.int64), 1)
+    inverse, counts = empty, empty
+    if return_inverse:
+        inverse = group if order is None else aten.index_put.default(aten.full_like.default(group, 0), [order], group)
+    if return_counts:
+        zeros = aten.full.default([firsts.shape[0]], 0, dtype=torch.int64, device=values.device)
+        counts = aten.index_put.default(zeros, [group], aten.full_like.default(group, 1), True)
+    return firsts, inverse, counts
+
+
+# NOTE: no decomposition in PyTorch for torch.unique's kernels. Sorting (core) and
+# comparing neighbours gives eager's answer exactly: NaNs sort last and, never equal
+# to each other, each stays its own value, as in the CPU kernel. With sorted=False the
+# order is unspecified; the CPU kernel returns sorted values then too, and so does this.
+@project_decomposition(aten._unique2.default)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    values, order = aten.sort.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]))
+    firsts, inverse, counts = _runs(values, return_inverse, return_counts, order)
+    if return_inverse:
+        inverse = aten.view.default(inverse, list(self.shape))
+    return firsts, inverse, counts
+
+
+def unique_consecutive_flat(self, return_inverse=False, return_counts=False):
+    """unique_consecutive with dim=None (order.py registers the op and handles dim=)."""
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    firsts, inverse, counts = _runs(flat, return_inverse, return_counts)
+    if return_inverse:
+        inverse = aten.view.default(inverse, list(self.shape))
+    return firsts, inverse, counts
+
+
+@project_decomposition(aten._unique.default)
+def unique(self, sorted=True, return_inverse=False):
+    firsts, inverse, _ = unique2(self, sorted, return_inverse, False)
+    return firsts, inverse
+
+
 def _rows(self, dim):
     """self with ``dim`` first (a contiguous copy), and that as [n, rest] rows."""
     moved = aten.clone.default(aten.movedim.int(self, dim, 0), memory_format=torch.contiguous_format)
@@ -251,12 +316,10 @@ def _row_runs(rows, moved, dim, order=None):
 # NOTE: unique_consecutive(dim=d) compares whole slices along d with their predecessor (any
 # unequal element starts a run) and keeps the first of each run; it returns the inverse and
 # the counts whether asked or not, as eager does. The number of runs is a data value (bypass
-# path). Values are selected, never computed: exact. (dim=None: decomps.py.)
+# path). Values are selected, never computed: exact. (dim=None: unique_consecutive_flat above.)
 @project_decomposition(aten.unique_consecutive.default)
 def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
     if dim is None:
-        from eagerdecomp.decompositions.decomps import unique_consecutive_flat
-
         return unique_consecutive_flat(self, return_inverse, return_counts)
     if self.dim() == 0:
         return NotImplemented

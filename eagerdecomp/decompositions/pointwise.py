@@ -1,10 +1,13 @@
-"""Elementwise ops with no path to core ATen in PyTorch's tables: float anatomy, shifts, angle.
+"""Elementwise ops with no path to core ATen in PyTorch's tables: float anatomy, shifts, angle,
+hypot, the Scalar overloads of ``where``, ``fmax``/``fmin`` and ``exp2`` (whose refs cycle
+through prims); and ``lerp.Scalar``, whose ref is slower than eager's formula and rounds twice.
 
-Each fill is exact (the result is the value eager's kernel returns, not an approximation):
-the float anatomy (``frexp``, ``nextafter``, ``signbit``) is read with comparisons and exact
-powers of two (``pow(2.0, e)`` is exact for integer ``e``, ``x * 2**k`` is exact away from
-under/overflow), shifts are products and floor divisions by powers of two in the integer
-dtype, which wraps as the kernel's shift does.
+Each decomposition is exact (the result is the value eager's kernel returns, not an
+approximation), except where its note says otherwise (``hypot`` at float64): the float
+anatomy (``frexp``, ``nextafter``, ``signbit``) is read with comparisons and exact powers of two
+(``pow(2.0, e)`` is exact for integer ``e``, ``x * 2**k`` is exact away from under/overflow),
+shifts are products and floor divisions by powers of two in the integer dtype, which wraps as
+the kernel's shift does.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 
 import torch
 
+from eagerdecomp.decompositions.numerics import to_float32
 from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
@@ -209,3 +213,86 @@ def lshift(self, other):
 @project_decomposition([aten.__rshift__.Tensor, aten.__rshift__.Scalar])
 def rshift(self, other):
     return bitwise_right_shift(self, other)
+
+
+def _where_scalars(cond, a, b):
+    dtype = torch.result_type(a, b)
+    device = cond.device
+
+    def as_tensor(v):
+        if isinstance(v, torch.Tensor):
+            return v if v.dtype == dtype else aten._to_copy.default(v, dtype=dtype)
+        return aten.scalar_tensor.default(v, dtype=dtype, device=device)
+
+    return aten.where.self(cond, as_tensor(a), as_tensor(b))
+
+
+# NOTE: PyTorch's refs lower these through prims.where, whose aten implementation
+# calls the same overload again: a cycle. A 0-dim tensor of the promoted dtype is exact.
+@project_decomposition(aten.where.ScalarOther)
+def where_scalar_other(condition, self, other):
+    return _where_scalars(condition, self, other)
+
+
+@project_decomposition(aten.where.ScalarSelf)
+def where_scalar_self(condition, self, other):
+    return _where_scalars(condition, self, other)
+
+
+@project_decomposition(aten.where.Scalar)
+def where_scalar(condition, self, other):
+    return _where_scalars(condition, self, other)
+
+
+# NOTE: the refs lower these through prims whose aten implementation is the op itself
+# (a cycle). Both are exact in core ops: NaN loses to a number, as fmax/fmin specify.
+def _nan_ignoring(pick, self, other):
+    best = pick(self, other)
+    best = aten.where.self(aten.isnan.default(other), self, best)
+    return aten.where.self(aten.isnan.default(self), other, best)
+
+
+@project_decomposition(aten.fmax.default)
+def fmax(self, other):
+    return _nan_ignoring(aten.maximum.default, self, other)
+
+
+@project_decomposition(aten.fmin.default)
+def fmin(self, other):
+    return _nan_ignoring(aten.minimum.default, self, other)
+
+
+@project_decomposition(aten.exp2.default)
+def exp2(self):
+    # NOTE: a cycle through prims.exp2 otherwise; pow.Scalar is core. Integers and bools
+    # promote to the default float dtype first, as exp2's type promotion does.
+    if not (self.dtype.is_floating_point or self.dtype.is_complex):
+        self = aten._to_copy.default(self, dtype=torch.get_default_dtype())
+    return aten.pow.Scalar(2, self)
+
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
+# NOTE: torch._refs.lerp turns a number weight into a 0-dim tensor and picks both the
+# coefficient and the base with where(): five full-size passes and five on 0-dim tensors
+# (AdamW's lerp_ runs them per parameter per step), and its separate mul and add round
+# twice. Eager's kernel picks its branch once from the weight as its dtype holds it, then
+# computes fma(coeff, end - start, base), which is add's alpha: float32 and float64 results
+# equal eager's bit for bit. The branch is a Python branch on the weight: a lifted weight
+# below 0.5 keeps one kernel (eagerdecomp.lift's bands split there for this); above, the
+# coefficient weight - 1 is a computed constant, so those keys go by value.
+@project_decomposition(aten.lerp.Scalar)
+def lerp_scalar(self, end, weight):
+    dtype = self.dtype
+    if dtype not in (torch.float32, torch.float64) or end.dtype != dtype or type(weight) not in (int, float, bool):
+        return _torch_decomposition(aten.lerp.Scalar)(self, end, weight)
+    w = to_float32(float(weight)) if dtype == torch.float32 else float(weight)
+    diff = aten.sub.Tensor(end, self)
+    if abs(w) < 0.5:
+        return aten.add.Tensor(self, diff, alpha=weight)
+    coeff = to_float32(w - 1.0) if dtype == torch.float32 else w - 1.0
+    return aten.add.Tensor(end, diff, alpha=coeff)

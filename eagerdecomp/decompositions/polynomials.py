@@ -9,7 +9,7 @@ while its own degree is not reached. The step count is a data value: these calls
 eagerly (the bypass path); a recurrence longer than _MAX_STEPS is declined. The trigonometric
 forms are evaluated in float64 and rounded once (see _closed_form): an approximation under the
 accuracy rule. Where the kernel returns an uninitialized value (a NaN x with n >= 2 in the
-U/V/W, Laguerre and Legendre loops) the fill returns NaN.
+U/V/W, Laguerre and Legendre loops) the decomposition returns NaN.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _evaluate(x, n, branches, first, step, dtype):
 
 
 def _register(name, fill):
-    """The fill for the op's Tensor overload and its x_scalar / n_scalar ones (out= forms go
+    """The decomposition for the op's Tensor overload and its x_scalar / n_scalar ones (out= forms go
     through the generic out= rule)."""
     packet = getattr(aten, name)
     project_decomposition([packet.default, packet.x_scalar, packet.n_scalar])(fill)

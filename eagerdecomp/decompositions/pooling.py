@@ -1,4 +1,5 @@
-"""Adaptive max pooling's general case (output sizes that do not divide the input's).
+"""Adaptive max pooling's general case (output sizes that do not divide the input's), and
+max_unpool2d with eager's layout.
 
 NOTE: PyTorch's decompositions cover global pooling and evenly dividing sizes and decline
 the rest; its global case (argmax) also takes the first NaN where the kernel takes the last.
@@ -108,3 +109,19 @@ def _declined(*args, **kwargs):
 # older torch those calls are declined (no path, a clear error) and the rest still decompose
 project_decomposition(aten.adaptive_max_pool2d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool2d", _declined), 2))
 project_decomposition(aten.adaptive_max_pool3d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool3d", _declined), 3))
+
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
+# NOTE: eager's max_unpool2d keeps a channels-last input channels-last; torch's decomposition
+# returns a contiguous result (OpInfo samples 36+ at every float dtype: strides differ).
+@project_decomposition(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    out = _torch_decomposition(aten.max_unpool2d.default)(self, indices, output_size)
+    if self.dim() == 4 and torch._prims_common.suggest_memory_format(self) == torch.channels_last:
+        out = aten.clone.default(out, memory_format=torch.channels_last)
+    return out

@@ -1,8 +1,8 @@
 """Registration: the user's and the project's decomposition entries, and their version.
 
 A leaf module (it imports nothing of ours but the errors and op resolution), so
-the fill modules (``decomps``, ``rng``, ...) and :mod:`eagerdecomp.table` can all
-import it without a cycle. A table is a plain dict from ``OpOverload`` to a
+the family modules (``pointwise``, ``rng``, ...) and :mod:`eagerdecomp.decompositions.table` can
+all import it without a cycle. A table is a plain dict from ``OpOverload`` to a
 function; registering a packet or a name expands to every overload, and a second
 registration of an op raises unless ``override=True``.
 """
@@ -23,7 +23,7 @@ __all__ = ["register_decomposition", "project_decomposition", "version", "USER",
 Table = Dict[OpOverload, Callable]
 
 USER: Table = {}  # register_decomposition(): the user's entries
-PROJECT: Table = {}  # project_decomposition(): eagerdecomp's own fills
+PROJECT: Table = {}  # project_decomposition(): eagerdecomp's own decompositions
 _versions = itertools.count(1)
 _version = 0
 _lock = threading.Lock()  # registration may run in any thread; the version must move with the table
@@ -74,5 +74,6 @@ def register_decomposition(ops, *, override: bool = False, _registry: Table | No
 
 
 def project_decomposition(ops):
-    """Decorator for eagerdecomp's own fills (the modules in :data:`eagerdecomp.table.FILL_MODULES`)."""
+    """Decorator for eagerdecomp's own decompositions (the modules in
+    :data:`eagerdecomp.decompositions.table.FAMILY_MODULES`)."""
     return register_decomposition(ops, _registry=PROJECT)

@@ -3,7 +3,7 @@
 PyTorch's tables leave the everyday random ops without a path to core ATen
 (``uniform_`` and ``normal_``, which every ``nn.init`` function calls, lower
 through prims that call them back; ``rand_like`` and ``random_`` have no
-decomposition at all). These fills close that gap.
+decomposition at all). These decompositions close that gap.
 
 Every draw is made in the *memory order* of the tensor it fills: ``rand`` over
 the physical shape, then a ``permute`` back to the logical one. That is the
@@ -17,9 +17,9 @@ right distribution from another stream: the report marks every op whose
 kernel draws random numbers.
 
 An explicit ``generator=`` is drawn from with ``rand.generator`` /
-``randn.generator`` (uniform and normal fills). Core ATen keeps neither, so
+``randn.generator`` (the uniform and normal decompositions). Core ATen keeps neither, so
 under ``core_aten`` such calls have no path and say so; an opset that adds
-them gets the generator's own stream. The other fills decline a generator.
+them gets the generator's own stream. The other decompositions decline a generator.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 NOTE: PyTorch's recurrent layers are CompositeImplicitAutograd; on CUDA, XPU and every
 PrivateUse1 backend each time step calls ``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``
 on the two gate projections, and autograd calls their backwards. PyTorch has no decomposition
-for any of the four and the CPU has no kernel for them, so without these fills ``nn.LSTM``
+for any of the four and the CPU has no kernel for them, so without these decompositions ``nn.LSTM``
 could not run on a new device at all. They follow the CUDA kernels (aten/src/ATen/native/cuda/
 RNN.cu) step for step, in the kernels' accumulation type (float32 for 16-bit floats), with the
 same sums in the same order, and save the same *workspace* for the backward:

@@ -1,7 +1,8 @@
-"""Selection along a dim: median, nanmedian, kthvalue and mode, with their CPU kernels' indices.
+"""Selection along a dim: median, nanmedian, kthvalue and mode, with their CPU kernels' indices
+(and median and nanmedian of all elements, which return a value alone).
 
-The values are never in doubt; the index is, wherever values tie. Each fill below takes
-its index rule from the CPU kernel (``aten/src/ATen/native/Sorting.cpp`` and the ``mode``
+The values are never in doubt; the index is, wherever values tie. Each decomposition below
+takes its index rule from the CPU kernel (``aten/src/ATen/native/Sorting.cpp`` and the ``mode``
 kernel of ``TensorCompareKernel.cpp``) and reproduces it exactly, or declines (no path,
 a clear error) where it cannot. Results are computed along the last dim of a contiguous
 copy and moved back, contiguous, as the kernels allocate them.
@@ -113,6 +114,37 @@ def median_dim(self, dim, keepdim=False):
 @project_decomposition(aten.nanmedian.dim)
 def nanmedian_dim(self, dim, keepdim=False):
     return _median_dim(self, dim, keepdim, skip_nan=True)
+
+
+# NOTE: no decomposition in PyTorch for the full reductions. The lower median of the
+# sorted values; median propagates NaN, nanmedian skips NaNs (all-NaN gives NaN).
+def _lower_median(self, skip_nan: bool):
+    flat = aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    n = flat.shape[0]
+    if n == 0:
+        return aten.full.default([], float("nan"), dtype=self.dtype, device=self.device)
+    values = aten.sort.default(flat)[0]  # NaNs last
+    if not self.dtype.is_floating_point:
+        return aten.select.int(values, 0, (n - 1) // 2)
+    nans = aten.sum.default(aten.isnan.default(flat), dtype=torch.int64)
+    if skip_nan:
+        count = aten.sub.Tensor(aten.scalar_tensor.default(n, dtype=torch.int64, device=self.device), nans)
+        at = aten.clamp.default(aten.floor_divide.default(aten.sub.Tensor(count, 1), 2), 0)
+        pick = aten.squeeze.dim(aten.gather.default(values, 0, aten.unsqueeze.default(at, 0)), 0)
+        return pick  # with every value NaN, at is 0 and values[0] is NaN
+    pick = aten.select.int(values, 0, (n - 1) // 2)
+    nan = aten.scalar_tensor.default(float("nan"), dtype=self.dtype, device=self.device)
+    return aten.where.self(aten.gt.Scalar(nans, 0), nan, pick)
+
+
+@project_decomposition(aten.median.default)
+def median(self):
+    return _lower_median(self, skip_nan=False)
+
+
+@project_decomposition(aten.nanmedian.default)
+def nanmedian(self):
+    return _lower_median(self, skip_nan=True)
 
 
 # NOTE: libstdc++'s insertion sort, the whole of std::sort on at most 16 elements, replayed

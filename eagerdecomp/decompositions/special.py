@@ -287,7 +287,7 @@ def special_spherical_bessel_j0(self):
 
 # -- ndtri: the standard normal quantile ------------------------------------------------------------
 # NOTE: ndtri(p) = sqrt(2) erfinv(2p - 1). In the centre (|p - 1/2| <= 1/4, where 2p - 1 is exact)
-# that is the erfinv fill; in the tails 2p - 1 would lose p's digits, so t = erfcinv(2q), q the
+# that is the erfinv decomposition; in the tails 2p - 1 would lose p's digits, so t = erfcinv(2q), q the
 # smaller of p and 1 - p (exact), is found by Newton's method on log erfc(t) = log(2q), written
 # with erfcx (log erfc(t) = log erfcx(t) - t^2: no underflow down to the smallest double), from
 # erfinv's guess or sqrt(-log 2q) far out; 12 steps, quadratic convergence. 0 and 1 give -inf and

@@ -3,9 +3,9 @@
 The default table for an opset layers, highest priority first:
 
 1. per-mode ``decompositions=`` passed to :class:`~eagerdecomp.EagerDecompMode`;
-2. user fills registered with :func:`register_decomposition`;
-3. eagerdecomp's own fills (``eagerdecomp/decomps.py``): ops PyTorch leaves
-   without a decomposition, or decomposes wrongly;
+2. user decompositions registered with :func:`register_decomposition`;
+3. eagerdecomp's own decompositions (the family modules of :data:`FAMILY_MODULES`):
+   ops PyTorch leaves without a decomposition, or decomposes wrongly;
 4. ``torch._decomp``'s core-ATen table, written with aten ops (preferred
    when the opset has no prims, because prims run in Python in eager);
 5. ``torch._decomp.decomposition_table``, mostly ``torch._refs``;
@@ -28,10 +28,12 @@ from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.schema import is_out, overloads
 from eagerdecomp.ops.variants import foreach_table, variant_table
 
-__all__ = ["default_table", "FILL_MODULES"]
+__all__ = ["default_table", "FAMILY_MODULES"]
 
-# eagerdecomp's own fills, one module per family; each registers its entries at import.
-FILL_MODULES = ("decomps", "amp", "conj", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
+# eagerdecomp's own decompositions, one module per family; each registers its entries at import.
+# Their import order does not change the table: a second registration of an op raises, so each
+# op has one entry whatever the order.
+FAMILY_MODULES = ("tensors", "amp", "conj", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
 
 def _torch_core_table() -> Table:
     import torch._decomp as d
@@ -82,7 +84,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     """The decomposition table used to lower ops into ``opset`` (see module docstring)."""
     import torch._decomp as d
 
-    for name in FILL_MODULES:
+    for name in FAMILY_MODULES:
         importlib.import_module(f".{name}", __package__)
 
     prefers_aten = not any(op._schema.name.startswith("prims::") for op in opset.ops)

@@ -2,8 +2,8 @@
 
 Where: ``cache_dir("kernels")/<fingerprint>/<key hash>.pkl`` (:mod:`eagerdecomp.paths`).
 The fingerprint covers everything that decides a kernel besides its key: the torch
-version, the eagerdecomp version and the bytes of its sources (its decomposition
-fills, tracing and exactness rules), and the opset. A runtime built with
+version, the eagerdecomp version and the bytes of its sources (its decompositions,
+tracing and exactness rules), and the opset. A runtime built with
 decompositions of the user's own (``EagerDecompMode(decompositions=...)`` or
 :func:`eagerdecomp.register_decomposition`) does not use the disk at all: a Python
 function's behaviour cannot be fingerprinted honestly (closures, globals).
@@ -59,7 +59,7 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _code_fingerprint() -> str:
-    """torch's version, ours, and the bytes of our sources (a fill edited in place changes it)."""
+    """torch's version, ours, and the bytes of our sources (a decomposition edited in place changes it)."""
     from eagerdecomp import __version__
 
     h = hashlib.sha256(f"{torch.__version__}|{__version__}|{FORMAT}".encode())
