@@ -25,12 +25,21 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m eagerdecomp.demo
 
+# the whole suite on every core (pytest-xdist); the slowest tests listed at the end
+TEST_JOBS ?= auto
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+
+# the edit-test loop: the front door, the runtime's core and the op facts, in a few minutes
+CHECK_TESTS ?= tests/test_mode.py tests/test_errors.py tests/test_architecture.py tests/runtime/test_cache.py \
+	tests/runtime/test_key.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/ops/test_opset.py \
+	tests/device/test_switch.py
+check: install
+	$(PY) -m pytest -n $(TEST_JOBS) $(CHECK_TESTS) $(PYTEST_ARGS)
 
 # every runtime test file on the pure-Python path (no C++ key, no C++ hit path); make test runs a slice
-PARITY_TESTS ?= tests/test_mode.py tests/test_cache.py tests/test_routes.py tests/test_lift.py tests/test_lift_lists.py \
-	tests/test_semantics.py tests/test_threads.py tests/test_family.py tests/test_disk.py tests/test_training.py
+PARITY_TESTS ?= tests/test_mode.py tests/runtime/test_cache.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/runtime/test_lift_lists.py \
+	tests/runtime/test_semantics.py tests/runtime/test_threads.py tests/runtime/test_family.py tests/runtime/test_disk.py tests/test_training.py
 parity: install
 	EAGERDECOMP_NO_EXT=1 $(PY) -m pytest $(PARITY_TESTS) $(PYTEST_ARGS)
 
@@ -87,7 +96,7 @@ devsuites: install
 # the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
 STRESS_RUNS ?= 100
 stress: install
-	EAGERDECOMP_STRESS_RUNS=$(STRESS_RUNS) EAGERDECOMP_STRESS_THREADS=6 $(PY) -m pytest tests/test_threads.py $(PYTEST_ARGS)
+	EAGERDECOMP_STRESS_RUNS=$(STRESS_RUNS) EAGERDECOMP_STRESS_THREADS=6 $(PY) -m pytest tests/runtime/test_threads.py $(PYTEST_ARGS)
 
 # the benchmarks; those the docs render write their JSON to bench/results/ (then: make docs)
 bench: install
@@ -96,6 +105,12 @@ bench: install
 	$(PY) bench/micro.py --json bench/results/micro.json
 	$(PY) bench/key.py
 	$(PY) bench/compile.py
+
+# the wheel as users get it: an sdist from a clean copy, the wheel from the sdist with its C++
+# library compiled (minutes), installed away from the checkout and run there (make test runs a
+# pure-Python wheel with the checkout's compiled library in its place)
+wheel: install
+	EAGERDECOMP_WHEEL=full $(PY) -m pytest tests/test_wheel.py $(PYTEST_ARGS)
 
 # the measured tables of README.md and docs/ rendered from bench/results/*.json
 docs:

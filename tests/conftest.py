@@ -2,7 +2,7 @@
 
 NOTE: the persistent kernel cache (eagerdecomp.disk) is off for the suite, so no test
 depends on what a user's ``~/.cache/eagerdecomp`` holds (nor writes to it);
-tests/test_disk.py turns it on over a temporary folder of its own.
+tests/runtime/test_disk.py turns it on over a temporary folder of its own.
 """
 
 import os

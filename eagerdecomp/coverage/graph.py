@@ -293,8 +293,9 @@ def _resolve_all(op_name):
 
 # the modules whose code decides the graph: a change to any of them rebuilds it (with the
 # project's family modules, table.FAMILY_MODULES)
-_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "lower.py", "routes.py", "registry.py",
-                  "table.py", "variants.py", "opset.py", "schema.py", "overlap.py")
+_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "runtime/lower.py",
+                  "runtime/routes.py", "decompositions/registry.py", "decompositions/table.py", "ops/variants.py",
+                  "ops/opset.py", "ops/schema.py", "ops/overlap.py")
 
 
 def _fingerprint() -> str:
@@ -308,9 +309,10 @@ def _fingerprint() -> str:
 
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent.parent  # the package: sources are named from there
-    for path in _GRAPH_SOURCES + tuple(f"{m}.py" for m in FAMILY_MODULES):
-        if (here / path).exists():
-            h.update(path.encode() + (here / path).read_bytes())
+    for path in _GRAPH_SOURCES + tuple(f"decompositions/{m}.py" for m in FAMILY_MODULES):
+        # NOTE: a missing file is an error, not a skip: a moved module would otherwise drop
+        # out of the fingerprint silently, and a stale graph would answer for new code
+        h.update(path.encode() + (here / path).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -2,7 +2,7 @@
 upsampling (linear, bicubic, nearest), pooling, padding, shrinkage, masked_scatter, weight
 norm and distances.
 
-Checked against autograd of the native forward (tests/test_fills.py) and by the
+Checked against autograd of the native forward (tests/decompositions/test_fills.py) and by the
 conformance suite's float64 gradients. Sums run in the opmath dtype (float32 for
 16-bit floats) as the CPU kernels do, so results agree to rounding, not bitwise.
 """

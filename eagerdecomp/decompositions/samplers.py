@@ -8,7 +8,7 @@ gamma. The kernel runs one element at a time until it accepts; here every elemen
 waiting draws in the same round, and rounds repeat until all have accepted. The draws come
 from ``torch.manual_seed``'s stream in another order than the kernel's, so the numbers
 differ from eager's while the distribution is the same (checked by distribution tests in
-``tests/test_samplers.py``), and the same seed gives the same numbers. The loop reads a data
+``tests/decompositions/test_samplers.py``), and the same seed gives the same numbers. The loop reads a data
 value each round, so these ops decompose eagerly on every call (not cached); the gradient is
 pointwise and is traced once.
 """

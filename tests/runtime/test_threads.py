@@ -294,7 +294,7 @@ def test_interrupted_trace_leaves_no_entry(error):
 
 def test_cache_bound_and_flat_memory_over_many_shapes(monkeypatch):
     # exact-shape kernels only: a shape family would keep one kernel for all these shapes
-    # (tests/test_family.py checks the family table's bound)
+    # (tests/runtime/test_family.py checks the family table's bound)
     monkeypatch.setenv("EAGERDECOMP_SHAPE_GENERIC", "0")
     opset = ed.OpSet.preset("core_aten")
     cache = KernelCache(maxsize=32)

@@ -1,7 +1,7 @@
 """The routing table (eagerdecomp/routes.py): collectives and infrastructure pass through
 untouched, everywhere eagerdecomp routes ops (the mode, the lowering, the compile backend,
 the device switch). Collectives here run on PyTorch's in-process "fake" process group;
-tests/test_distributed.py runs real ones."""
+tests/device/test_distributed.py runs real ones."""
 
 import pytest
 import torch

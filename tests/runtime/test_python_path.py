@@ -12,12 +12,12 @@ import pytest
 
 from eagerdecomp.runtime import hits as native
 
-SLICE = ["tests/test_mode.py", "tests/test_cache.py", "tests/test_routes.py"]
+SLICE = ["tests/test_mode.py", "tests/runtime/test_cache.py", "tests/runtime/test_routes.py"]
 
 
 @pytest.mark.skipif(not native.enabled(), reason="already on the pure-Python path")
 def test_runtime_tests_pass_on_the_pure_python_path():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     env = {**os.environ, "EAGERDECOMP_NO_EXT": "1"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SLICE], cwd=root, env=env,
                        capture_output=True, text=True, timeout=1200)

@@ -19,7 +19,7 @@ from eagerdecomp.coverage.models import LEGACY_NAMES, TARGETS, Corpus, analyse_m
 from eagerdecomp.coverage.record import DATA
 
 # PyTorch's data: read in place, never copied into the repository (see ../shared/data/README.md)
-PYTORCH_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "pytorch_model_ops.json"
+PYTORCH_CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "pytorch_model_ops.json"
 
 A, B, C, D, E, F, G, H = (f"aten.{n}.default" for n in ("sin", "cos", "tan", "exp", "log", "log2", "log10", "sqrt"))
 UNKNOWN = "aten.made_up_op.default"  # a name no graph holds: "not analysed"

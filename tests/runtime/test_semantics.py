@@ -419,7 +419,7 @@ def test_cat_out_resized_takes_the_inputs_layout():
 
 def test_linspace_at_integer_dtype_rounds_as_eagers_kernel():
     # torch's ref rounds once in the wide type (sample 32 of the OpInfo was off by one); spacing.py
-    # replays the kernel's per-step arithmetic (tests/test_spacing.py covers every dtype)
+    # replays the kernel's per-step arithmetic (tests/decompositions/test_spacing.py covers every dtype)
     want = torch.linspace(-3.5, 10, 33, dtype=torch.int64)
     with ed.EagerDecompMode():
         assert torch.equal(torch.linspace(0, 1, 5), torch.tensor([0, 0.25, 0.5, 0.75, 1]))
