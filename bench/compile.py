@@ -117,7 +117,7 @@ def main(argv=None):
     x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
     table = configs()
     results = {name: [] for name in table}
-    for name, (backend, ctx) in table.items():  # one discarded round: process-wide one-time costs
+    for backend, ctx in table.values():  # one discarded round: process-wide one-time costs
         run(base, backend, ctx, x, y, 1)
     for _ in range(args.rounds):
         for name, (backend, ctx) in table.items():
@@ -126,10 +126,14 @@ def main(argv=None):
     def ratio(name, i):
         return statistics.median(r[i] / a[i] for r, a in zip(results[name], results["aot_eager"]))
 
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds x {args.steps} steps; "
-          "medians; ratios to aot_eager are medians of per-round ratios")
-    print(f"{'configuration':22} {'first step (s)':>15} {'steady step (ms)':>17} {'first / aot_eager':>18} "
-          f"{'steady / aot_eager':>19}")
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds x {args.steps} steps; "
+        "medians; ratios to aot_eager are medians of per-round ratios"
+    )
+    print(
+        f"{'configuration':22} {'first step (s)':>15} {'steady step (ms)':>17} {'first / aot_eager':>18} "
+        f"{'steady / aot_eager':>19}"
+    )
     for name, rows in results.items():
         first = statistics.median(r[0] for r in rows)
         steady = statistics.median(r[1] for r in rows) * 1e3

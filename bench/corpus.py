@@ -35,8 +35,10 @@ def cross_check(graph, corpora) -> None:
         for corpus in corpora:
             m = analyse_models(c, corpus)
             ops = m.ops_for(90)
-            print(f"| {corpus.name} | {opset} | {len(m.status)} | {m.counts()['runs']} | {m.share():.1f}% | "
-                  f"{len(ops)}: {', '.join(o.removeprefix('aten.') for o in ops)} |")
+            print(
+                f"| {corpus.name} | {opset} | {len(m.status)} | {m.counts()['runs']} | {m.share():.1f}% | "
+                f"{len(ops)}: {', '.join(o.removeprefix('aten.') for o in ops)} |"
+            )
             for family, (runs, n) in m.families().items():
                 print(f"|   {family} | | {n} | {runs} | {100.0 * runs / n:.1f}% | |")
 
@@ -49,11 +51,27 @@ def timing(rounds: int) -> None:
         m.ops_for(90)
         inproc.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "eagerdecomp", "coverage", "--opset", "core_aten", "--models", "--summary",
-                        "--target", "90"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "eagerdecomp",
+                "coverage",
+                "--opset",
+                "core_aten",
+                "--models",
+                "--summary",
+                "--target",
+                "90",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         cli.append(time.perf_counter() - t0)
-    print(f"90% question, graph cached: in-process {statistics.median(inproc):.2f} s, "
-          f"command line {statistics.median(cli):.2f} s (medians of {rounds})")
+    print(
+        f"90% question, graph cached: in-process {statistics.median(inproc):.2f} s, "
+        f"command line {statistics.median(cli):.2f} s (medians of {rounds})"
+    )
 
 
 def main() -> None:

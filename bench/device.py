@@ -26,12 +26,12 @@ import time
 import warnings
 
 import torch
+from results import Table, add_json_flag, save
 
 import eagerdecomp as ed
 from eagerdecomp import device as device_switch
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
 from eagerdecomp.device.refdev import reference_device
-from results import Table, add_json_flag, save
 
 
 def _timed(fn) -> float:
@@ -69,6 +69,7 @@ def _per_call(fn, iters: int) -> float:
 def bench_hits(dev, runtime, rounds: int, iters: int = 400) -> list:
     """(op, switch us, core ops us, us over) for each op of bench/micro.py at 64 elements."""
     import micro
+
     from eagerdecomp.runtime.key import make_key
     from eagerdecomp.runtime.lift import lift_positions, split, wrapped_positions
 
@@ -114,24 +115,40 @@ def main() -> None:
 
     st = _ext.status()
     built = f", just-in-time build {st['build_s']:.0f} s" if st["build_s"] else ""
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads | edref from {st['loaded']} library "
-          f"(reference_device() {load_s:.1f} s{built}) | {args.steps} steps, medians after the first\n")
-    steps = Table("Training step (AdamW) on the reference device with the switch, ms per step (median after the first)",
-                  ["model", "CPU native", "CPU + mode", "edref + enable", "edref 1st step", "mode / native",
-                   "edref / native"],
-                  formats={"CPU native": "{:.1f}", "CPU + mode": "{:.1f}", "edref + enable": "{:.1f}",
-                           "edref 1st step": "{:.0f}", "mode / native": "{:.2f}x", "edref / native": "{:.2f}x"})
-    hits = Table("One decomposed op on edref (64 elements, 1 thread): us per call (median)",
-                 ["op", "switch hit", "core ops", "hit - core"],
-                 formats={"switch hit": "{:.2f}", "core ops": "{:.2f}", "hit - core": "{:+.2f}"})
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads | edref from {st['loaded']} library "
+        f"(reference_device() {load_s:.1f} s{built}) | {args.steps} steps, medians after the first\n"
+    )
+    steps = Table(
+        "Training step (AdamW) on the reference device with the switch, ms per step (median after the first)",
+        ["model", "CPU native", "CPU + mode", "edref + enable", "edref 1st step", "mode / native", "edref / native"],
+        formats={
+            "CPU native": "{:.1f}",
+            "CPU + mode": "{:.1f}",
+            "edref + enable": "{:.1f}",
+            "edref 1st step": "{:.0f}",
+            "mode / native": "{:.2f}x",
+            "edref / native": "{:.2f}x",
+        },
+    )
+    hits = Table(
+        "One decomposed op on edref (64 elements, 1 thread): us per call (median)",
+        ["op", "switch hit", "core ops", "hit - core"],
+        formats={"switch hit": "{:.2f}", "core ops": "{:.2f}", "hit - core": "{:+.2f}"},
+    )
     device_switch.enable(dev)
     try:
-        print(f"{'model':18}{'CPU native':>12}{'CPU+mode':>12}{'edref+enable':>14}{'edref 1st':>11}{'mode/native':>13}{'edref/native':>14}")
+        print(
+            f"{'model':18}{'CPU native':>12}{'CPU+mode':>12}{'edref+enable':>14}"
+            f"{'edref 1st':>11}{'mode/native':>13}{'edref/native':>14}"
+        )
         for name, make in [("TransformerBlock", lambda: TransformerBlock(dropout=0.0)), ("SmallCNN", SmallCNN)]:
             r = bench(make, dev, args.steps)
             n, m, d = r["native"][1], r["mode"][1], r["edref"][1]
-            print(f"{name:18}{n * 1e3:>10.1f}ms{m * 1e3:>10.1f}ms{d * 1e3:>12.1f}ms{r['edref'][0] * 1e3:>9.0f}ms"
-                  f"{r['mode/native']:>12.2f}x{r['edref/native']:>13.2f}x")
+            print(
+                f"{name:18}{n * 1e3:>10.1f}ms{m * 1e3:>10.1f}ms{d * 1e3:>12.1f}ms{r['edref'][0] * 1e3:>9.0f}ms"
+                f"{r['mode/native']:>12.2f}x{r['edref/native']:>13.2f}x"
+            )
             steps.add(name, n * 1e3, m * 1e3, d * 1e3, r["edref"][0] * 1e3, r["mode/native"], r["edref/native"])
         print(f"\none decomposed op on edref, 64 elements, 1 thread, {args.rounds} rounds: us per call (median)")
         print(f"{'op':24}{'switch hit':>12}{'core ops':>10}{'hit - core':>12}")
@@ -148,8 +165,10 @@ def main() -> None:
                 print(f"{name:24}{hit:>12.2f}{floor:>10.2f}{over:>+12.2f}")
                 hits.add(name, hit, floor, over)
         done = [r for r in rows if r[1] is not None]
-        print(f"worst hit - core: {max(r[3] for r in done):+.2f} us ({max(done, key=lambda r: r[3])[0]}); "
-              f"C++ hit path: {'on' if device_switch.enabled(dev).runtime.native is not None else 'off (pure Python)'}")
+        print(
+            f"worst hit - core: {max(r[3] for r in done):+.2f} us ({max(done, key=lambda r: r[3])[0]}); "
+            f"C++ hit path: {'on' if device_switch.enabled(dev).runtime.native is not None else 'off (pure Python)'}"
+        )
     finally:
         device_switch.disable(dev)
     save(args.json, "device", [steps, hits])

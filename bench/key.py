@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime import key as keymod
+from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime.lift import _CLASSES
 
 aten = torch.ops.aten

@@ -26,15 +26,15 @@ import sys
 import time
 
 import torch
+from results import Table, add_json_flag, save
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
 from eagerdecomp.runtime.compiler import AFTER
+from eagerdecomp.runtime.core import runtime_for
 from eagerdecomp.runtime.key import make_key
 from eagerdecomp.runtime.lift import lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer
-from eagerdecomp.runtime.core import runtime_for
-from results import Table, add_json_flag, save
 
 aten = torch.ops.aten
 
@@ -73,7 +73,12 @@ def cases(n):
         ("huber_loss", aten.huber_loss.default, (x, y), {}),
         ("glu", aten.glu.default, (torch.randn(rows, 128, device=DEVICE), -1), {}),
         ("elu_backward", aten.elu_backward.default, (y, 1.0, 1.0, 1.0, False, x), {}),
-        ("_softmax_backward_data", aten._softmax_backward_data.default, (y.view(rows, -1), sm.view(rows, -1), -1, torch.float32), {}),
+        (
+            "_softmax_backward_data",
+            aten._softmax_backward_data.default,
+            (y.view(rows, -1), sm.view(rows, -1), -1, torch.float32),
+            {},
+        ),
         ("nll_loss_forward", aten.nll_loss_forward.default, (logits, target, None, 1, -100), {}),
         ("transpose (view)", aten.transpose.int, (torch.randn(rows, 64, device=DEVICE), 0, 1), {}),
         ("lerp", aten.lerp.Scalar, (x, y, 0.3), {}),
@@ -184,6 +189,7 @@ def bench_passthrough(rounds, n=64):
             with mode:
                 for _ in range(n):
                     aten.mul.Tensor(x, x)
+
         return batch
 
     a, b = [], []
@@ -230,10 +236,14 @@ def main(argv=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one thread: ratios are not skewed by how many cores are free
     results = []
-    print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.rounds} rounds, 1 thread; "
-          "us per call (median)")
-    head = (f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'python':>9} {'floor':>9} "
-            f"{'naive/cached':>13} {'python/cached':>14} {'cached/floor':>13}")
+    print(
+        f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.rounds} rounds, 1 thread; "
+        "us per call (median)"
+    )
+    head = (
+        f"{'op':24} {'numel':>8} {'native':>9} {'naive':>9} {'cached':>9} {'python':>9} {'floor':>9} "
+        f"{'naive/cached':>13} {'python/cached':>14} {'cached/floor':>13}"
+    )
     if opts.compile:
         head += f" {'compiled':>9} {'comp/native':>12} {'comp/cached':>12} {'compile s':>9}"
     notes = []
@@ -243,60 +253,110 @@ def main(argv=None):
         for name, op, args, kwargs in cases(n):
             s, rep = bench_op(op, args, kwargs, opts.rounds, opts.compile)
             med = {k: statistics.median(v) for k, v in s.items()}
-            row = dict(op=name, numel=n, **med, naive_over_cached=ratio(s["naive"], s["cached"]),
-                       python_over_cached=ratio(s["python"], s["cached"]), cached_over_floor=ratio(s["cached"], s["floor"]))
-            line = (f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['python']:9.1f} "
-                    f"{med['floor']:9.1f} {row['naive_over_cached']:12.2f}x {row['python_over_cached']:13.2f}x "
-                    f"{row['cached_over_floor']:12.2f}x")
+            row = dict(
+                op=name,
+                numel=n,
+                **med,
+                naive_over_cached=ratio(s["naive"], s["cached"]),
+                python_over_cached=ratio(s["python"], s["cached"]),
+                cached_over_floor=ratio(s["cached"], s["floor"]),
+            )
+            line = (
+                f"{name:24} {n:>8} {med['native']:9.1f} {med['naive']:9.1f} {med['cached']:9.1f} {med['python']:9.1f} "
+                f"{med['floor']:9.1f} {row['naive_over_cached']:12.2f}x {row['python_over_cached']:13.2f}x "
+                f"{row['cached_over_floor']:12.2f}x"
+            )
             if opts.compile:
-                row.update(compiled_over_native=ratio(s["compiled"], s["native"]),
-                           compiled_over_cached=ratio(s["compiled"], s["cached"]),
-                           compile_s=rep.compile_s, is_compiled=bool(rep.compiled), not_compiled=rep.not_compiled)
+                row.update(
+                    compiled_over_native=ratio(s["compiled"], s["native"]),
+                    compiled_over_cached=ratio(s["compiled"], s["cached"]),
+                    compile_s=rep.compile_s,
+                    is_compiled=bool(rep.compiled),
+                    not_compiled=rep.not_compiled,
+                )
                 mark = " " if rep.compiled else "*"
                 if not rep.compiled:
                     notes.append(f"* {name} ({n}): not compiled: {'; '.join(rep.not_compiled) or '?'}")
-                line += (f" {med['compiled']:8.1f}{mark} {row['compiled_over_native']:11.2f}x "
-                         f"{row['compiled_over_cached']:11.2f}x {rep.compile_s:9.2f}")
+                line += (
+                    f" {med['compiled']:8.1f}{mark} {row['compiled_over_native']:11.2f}x "
+                    f"{row['compiled_over_cached']:11.2f}x {rep.compile_s:9.2f}"
+                )
             results.append(row)
             print(line)
     for note in dict.fromkeys(notes):
         print(note)
     a, b = bench_passthrough(opts.rounds)
     pt = ratio(a, b)
-    print(f"\npass-through aten.mul.Tensor (64 elements): ours {statistics.median(a):.2f} us, "
-          f"do-nothing mode {statistics.median(b):.2f} us, ratio {pt:.2f}x")
+    print(
+        f"\npass-through aten.mul.Tensor (64 elements): ours {statistics.median(a):.2f} us, "
+        f"do-nothing mode {statistics.median(b):.2f} us, ratio {pt:.2f}x"
+    )
     c, h = bench_profiler_check(opts.rounds)
-    print(f"profiler check with no profiler running: {1e3 * statistics.median(c):.0f} ns per call, "
-          f"{100 * ratio(c, h):.2f}% of a cached silu hit ({statistics.median(h):.2f} us)")
+    print(
+        f"profiler check with no profiler running: {1e3 * statistics.median(c):.0f} ns per call, "
+        f"{100 * ratio(c, h):.2f}% of a cached silu hit ({statistics.median(h):.2f} us)"
+    )
     for n in map(int, opts.sizes.split(",")):
         rows = [x for x in results if x["numel"] == n]
-        print(f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x "
-              f"(min {min(x['naive_over_cached'] for x in rows):.2f}x), "
-              f"median python/cached {statistics.median(x['python_over_cached'] for x in rows):.2f}x, "
-              f"median cached/floor {statistics.median(x['cached_over_floor'] for x in rows):.2f}x")
+        print(
+            f"numel {n}: median naive/cached {statistics.median(x['naive_over_cached'] for x in rows):.2f}x "
+            f"(min {min(x['naive_over_cached'] for x in rows):.2f}x), "
+            f"median python/cached {statistics.median(x['python_over_cached'] for x in rows):.2f}x, "
+            f"median cached/floor {statistics.median(x['cached_over_floor'] for x in rows):.2f}x"
+        )
         done = [x for x in rows if x.get("is_compiled")]
         if done:
             worst = max(done, key=lambda x: x["compiled_over_native"])
-            print(f"numel {n}: compiled ops {len(done)}/{len(rows)}, worst compiled/native "
-                  f"{worst['compiled_over_native']:.2f}x ({worst['op']}), worst compiled/cached of all "
-                  f"{max(x['compiled_over_cached'] for x in rows):.2f}x")
-    per_op = Table("A decomposed op, us per call (median); cached = EagerDecompMode('core_aten') on a cache hit",
-                   ["op", "numel", "native", "naive", "cached", "python", "floor", "naive / cached",
-                    "python / cached", "cached / floor"],
-                   formats={c: "{:.1f}" for c in ("native", "naive", "cached", "python", "floor")}
-                   | {c: "{:.2f}x" for c in ("naive / cached", "python / cached", "cached / floor")})
+            print(
+                f"numel {n}: compiled ops {len(done)}/{len(rows)}, worst compiled/native "
+                f"{worst['compiled_over_native']:.2f}x ({worst['op']}), worst compiled/cached of all "
+                f"{max(x['compiled_over_cached'] for x in rows):.2f}x"
+            )
+    per_op = Table(
+        "A decomposed op, us per call (median); cached = EagerDecompMode('core_aten') on a cache hit",
+        [
+            "op",
+            "numel",
+            "native",
+            "naive",
+            "cached",
+            "python",
+            "floor",
+            "naive / cached",
+            "python / cached",
+            "cached / floor",
+        ],
+        formats={c: "{:.1f}" for c in ("native", "naive", "cached", "python", "floor")}
+        | {c: "{:.2f}x" for c in ("naive / cached", "python / cached", "cached / floor")},
+    )
     for r in results:
-        per_op.add(r["op"], r["numel"], r["native"], r["naive"], r["cached"], r["python"], r["floor"],
-                   r["naive_over_cached"], r["python_over_cached"], r["cached_over_floor"])
-    summary = Table("Summary: medians over the ops above", ["numel", "naive / cached", "python / cached",
-                                                            "cached / floor"],
-                    formats={c: "{:.2f}x" for c in ("naive / cached", "python / cached", "cached / floor")},
-                    notes=[f"Pass-through of a core op (aten.mul.Tensor, 64 elements): {pt:.2f}x a do-nothing "
-                           "TorchDispatchMode."])
+        per_op.add(
+            r["op"],
+            r["numel"],
+            r["native"],
+            r["naive"],
+            r["cached"],
+            r["python"],
+            r["floor"],
+            r["naive_over_cached"],
+            r["python_over_cached"],
+            r["cached_over_floor"],
+        )
+    summary = Table(
+        "Summary: medians over the ops above",
+        ["numel", "naive / cached", "python / cached", "cached / floor"],
+        formats={c: "{:.2f}x" for c in ("naive / cached", "python / cached", "cached / floor")},
+        notes=[f"Pass-through of a core op (aten.mul.Tensor, 64 elements): {pt:.2f}x a do-nothing TorchDispatchMode."],
+    )
     for n in map(int, opts.sizes.split(",")):
         rows = [x for x in results if x["numel"] == n]
-        summary.add(n, *(statistics.median(x[k] for x in rows)
-                         for k in ("naive_over_cached", "python_over_cached", "cached_over_floor")))
+        summary.add(
+            n,
+            *(
+                statistics.median(x[k] for x in rows)
+                for k in ("naive_over_cached", "python_over_cached", "cached_over_floor")
+            ),
+        )
     save(opts.json, "micro", [summary, per_op], opts.device)
     return 0
 

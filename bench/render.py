@@ -39,7 +39,8 @@ def render(name: str, title: str | None) -> str:
     doc = json.loads((RESULTS / f"{name}.json").read_text())
     m = doc["machine"]
     where = f"{m['cpu']}, {m['cores']} cores, {m['threads']} torch thread(s)" + (
-        f", {m['accelerator']}" if m.get("accelerator") else "")
+        f", {m['accelerator']}" if m.get("accelerator") else ""
+    )
     src = f"`{doc['command']}` · {where} · torch {doc['torch']} · eagerdecomp {doc['eagerdecomp']}"
     tables = [t for t in doc["tables"] if title is None or t["title"] == title]
     if not tables:

@@ -54,8 +54,13 @@ def _cpu_model() -> str:
 
 def machine(device: str = "cpu") -> dict:
     """What the numbers were measured on: the CPU, its cores, torch's threads, the accelerator."""
-    out = {"cpu": _cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-           "python": platform.python_version(), "os": platform.system()}
+    out = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "os": platform.system(),
+    }
     if device not in ("cpu", "edref") and torch.cuda.is_available():
         out["accelerator"] = torch.cuda.get_device_name()
     return out
@@ -69,9 +74,14 @@ def save(path: str | None, bench: str, tables: list, device: str = "cpu") -> Non
     """Write ``tables`` with the command line, machine and versions that produced them."""
     if not path:
         return
-    doc = {"bench": bench, "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-           "machine": machine(device), "torch": torch.__version__, "eagerdecomp": ed.__version__,
-           "tables": [asdict(t) for t in tables]}
+    doc = {
+        "bench": bench,
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "machine": machine(device),
+        "torch": torch.__version__,
+        "eagerdecomp": ed.__version__,
+        "tables": [asdict(t) for t in tables],
+    }
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {path}")

@@ -49,9 +49,17 @@ def _sync():
 def _bert():
     from transformers import BertConfig, BertForSequenceClassification
 
-    cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=128, max_position_embeddings=128, num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # dropout off: compared with native
+    cfg = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # dropout off: compared with native
     torch.manual_seed(0)
     return BertForSequenceClassification(cfg).to(DEVICE)
 
@@ -59,8 +67,15 @@ def _bert():
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval().to(DEVICE)
 
@@ -72,7 +87,7 @@ def _batches(lengths, device=None):
     for n in lengths:
         ids = torch.randint(0, VOCAB, (BATCH, n), generator=g)
         mask = torch.ones(BATCH, n, dtype=torch.long)
-        mask[0, n // 2:] = 0  # padded rows, as a data loader's collate makes them
+        mask[0, n // 2 :] = 0  # padded rows, as a data loader's collate makes them
         labels = torch.randint(0, 3, (BATCH,), generator=g)
         out.append(tuple(t.to(device) for t in (ids, mask, labels)))
     return out
@@ -155,8 +170,13 @@ def padding(rounds: int, dev) -> dict:
                 if tag == "dyn":
                     res["edref traced"] = _traced(b.report())
     diffs = res.pop("param diff")
-    return {"times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"}, "diff": max(diffs),
-            "traced": traced, "traced one": traced_one, "edref traced": res.get("edref traced", {})}
+    return {
+        "times": {k: statistics.median(v) for k, v in res.items() if v and k != "edref traced"},
+        "diff": max(diffs),
+        "traced": traced,
+        "traced one": traced_one,
+        "edref traced": res.get("edref traced", {}),
+    }
 
 
 class _disk_on:
@@ -209,8 +229,7 @@ def generation(rounds: int, dev) -> dict:
     def gen(m, x, procs=None):
         _sync()
         t0 = time.perf_counter()
-        y = m.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                       logits_processor=procs)
+        y = m.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, logits_processor=procs)
         _sync()
         return time.perf_counter() - t0, y
 
@@ -247,8 +266,11 @@ def generation(rounds: int, dev) -> dict:
                     out[f"edref {k}"].append(gen(dmodel, ids.to(dev))[0])
             finally:
                 ed.disable(dev)
-    return {"times": {k: statistics.median(v) for k, v in out.items() if v}, "after_first": max(after_first),
-            "traced": total}
+    return {
+        "times": {k: statistics.median(v) for k, v in out.items() if v},
+        "after_first": max(after_first),
+        "traced": total,
+    }
 
 
 DEMO_CHILD = """
@@ -318,6 +340,7 @@ def profile_first_step() -> None:
                 return fn(*a, **k)
             finally:
                 costs[kind].append(time.perf_counter() - t0)
+
         return wrap
 
     runtime.trace, runtime.trace_family = timed("exact", orig[0]), timed("family", orig[1])
@@ -339,22 +362,30 @@ def profile_first_step() -> None:
         runtime.trace, runtime.trace_family = orig
     stats = pstats.Stats(prof)
     parts = {
-        "symbolic fakes + guards (symbolic.py, produce_guards)": ("symbolic.py", "symbolic_layout", "produce_guards_expression"),
+        "symbolic fakes + guards (symbolic.py, produce_guards)": (
+            "symbolic.py",
+            "symbolic_layout",
+            "produce_guards_expression",
+        ),
         "meta reference (exact.reference)": ("exact.py", "reference"),
         "lowering over fakes (Lowerer.lower)": ("lower.py", "lower"),
         "output checks and fix-ups (exact.finish_outputs)": ("exact.py", "finish_outputs"),
         "FX codegen (GraphModule.__init__)": ("graph_module.py", "__init__"),
         "family agreement checks (family.agrees)": ("family.py", "agrees"),
     }
-    print(f"cold first step {first:.2f} s (traced {n_first['family']} shape-generic + {n_first['exact']} exact kernels); "
-          f"second step at a new length {second:.2f} s")
+    print(
+        f"cold first step {first:.2f} s (traced {n_first['family']} shape-generic + {n_first['exact']} exact kernels); "
+        f"second step at a new length {second:.2f} s"
+    )
     for label, (file, *funcs) in parts.items():
         cum = max((v[3] for (f, _, fn), v in stats.stats.items() if f.endswith(file) and fn in funcs), default=0.0)
         print(f"  {label:55} {cum:6.2f} s")
     for kind, v in costs.items():
         if v:
-            print(f"  per-kernel trace cost, {kind:6}: median {statistics.median(v) * 1e3:6.1f} ms, "
-                  f"mean {statistics.mean(v) * 1e3:6.1f} ms over {len(v)}")
+            print(
+                f"  per-kernel trace cost, {kind:6}: median {statistics.median(v) * 1e3:6.1f} ms, "
+                f"mean {statistics.mean(v) * 1e3:6.1f} ms over {len(v)}"
+            )
 
 
 def main() -> None:
@@ -363,8 +394,11 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-edref", action="store_true")
     p.add_argument("--demo-only", action="store_true", help="only the demo in fresh processes (disk cache)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda: where native and the mode run (edref and the "
-                   "two-process demo run on CPU only)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda: where native and the mode run (edref and the two-process demo run on CPU only)",
+    )
     args = p.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -378,8 +412,10 @@ def main() -> None:
             dev = reference_device()
         except Exception as e:  # noqa: BLE001
             print(f"edref unavailable: {e}")
-    print(f"torch {torch.__version__}, {DEVICE}, 1 thread, {args.rounds} rounds (medians) | "
-          f"shape families {'on' if os.environ.get('EAGERDECOMP_SHAPE_GENERIC', '1') != '0' else 'off'}\n")
+    print(
+        f"torch {torch.__version__}, {DEVICE}, 1 thread, {args.rounds} rounds (medians) | "
+        f"shape families {'on' if os.environ.get('EAGERDECOMP_SHAPE_GENERIC', '1') != '0' else 'off'}\n"
+    )
     if args.demo_only:
         return demo_table(args.rounds)
     if args.profile:
@@ -389,37 +425,58 @@ def main() -> None:
     t = r["times"]
     worst = max(r["traced"].values(), default=0)
     print(f"dynamic padding, BERT 2x64, AdamW, 12 steps (lengths {LENGTHS[0]}..{max(LENGTHS)}), cold cache:")
-    print(f"  native {t['native']:.2f} s | mode, 12 lengths {t['mode dyn']:.2f} s ({t['mode dyn'] / t['native']:.1f}x native) | "
-          f"mode, one length {t['mode one']:.2f} s | 12 lengths / one length under the mode: {t['mode dyn'] / t['mode one']:.2f}x")
+    print(
+        f"  native {t['native']:.2f} s | "
+        f"mode, 12 lengths {t['mode dyn']:.2f} s ({t['mode dyn'] / t['native']:.1f}x native) | "
+        f"mode, one length {t['mode one']:.2f} s | "
+        f"12 lengths / one length under the mode: {t['mode dyn'] / t['mode one']:.2f}x"
+    )
     if "edref dyn" in t:
-        print(f"  edref+enable, 12 lengths {t['edref dyn']:.2f} s | one length {t['edref one']:.2f} s | "
-              f"ratio {t['edref dyn'] / t['edref one']:.2f}x")
-    print(f"  steps 2-12 only (the first step traces the same kernels in both): 12 lengths {t['mode dyn later']:.2f} s, "
-          f"one length {t['mode one later']:.2f} s: {t['mode dyn later'] / t['mode one later']:.2f}x")
+        print(
+            f"  edref+enable, 12 lengths {t['edref dyn']:.2f} s | one length {t['edref one']:.2f} s | "
+            f"ratio {t['edref dyn'] / t['edref one']:.2f}x"
+        )
+    print(
+        f"  steps 2-12 only (the first step traces the same kernels in both): 12 lengths {t['mode dyn later']:.2f} s, "
+        f"one length {t['mode one later']:.2f} s: {t['mode dyn later'] / t['mode one later']:.2f}x"
+    )
     print(f"  parameters after the 12 AdamW steps, mode vs native (dropout off): max |diff| {r['diff']:.1e}")
-    print(f"  kernels traced over the 12 lengths: {sum(r['traced'].values())} for {len(r['traced'])} ops, "
-          f"at most {worst} for one op" + (f" ({', '.join(k for k, v in r['traced'].items() if v == worst)})" if worst > 2 else ""))
+    print(
+        f"  kernels traced over the 12 lengths: {sum(r['traced'].values())} for {len(r['traced'])} ops, "
+        f"at most {worst} for one op"
+        + (f" ({', '.join(k for k, v in r['traced'].items() if v == worst)})" if worst > 2 else "")
+    )
     # an op called with different non-tensor arguments (transpose's dims) is several families:
     # per op, the kernels traced over 12 lengths for each one traced at a single length
     one = r["traced one"]
     per = {op: n / one[op] for op, n in r["traced"].items() if one.get(op)}
     extra = {op: n for op, n in r["traced"].items() if op not in one}
     top = max(per.values(), default=0.0)
-    print(f"  kernels per op over 12 lengths / at one length: at most {top:.2f}x"
-          + (f" ({', '.join(op for op, v in per.items() if v == top)})" if top > 1 else "")
-          + (f"; ops traced only with 12 lengths: {extra}" if extra else ""))
+    print(
+        f"  kernels per op over 12 lengths / at one length: at most {top:.2f}x"
+        + (f" ({', '.join(op for op, v in per.items() if v == top)})" if top > 1 else "")
+        + (f"; ops traced only with 12 lengths: {extra}" if extra else "")
+    )
     g = generation(args.rounds, dev)
     t = g["times"]
     print(f"\ngeneration, tiny Llama 2x64, greedy, {NEW_TOKENS} new tokens, KV cache:")
-    print(f"  native 1st {t['native 1st']:.2f} s, 2nd {t['native 2nd']:.2f} s | mode 1st {t['mode 1st']:.2f} s "
-          f"({t['mode 1st'] / t['native 1st']:.1f}x native), 2nd {t['mode 2nd']:.2f} s ({t['mode 2nd'] / t['native 2nd']:.1f}x native) | "
-          f"mode 1st/2nd {t['mode 1st'] / t['mode 2nd']:.2f}x")
+    print(
+        f"  native 1st {t['native 1st']:.2f} s, 2nd {t['native 2nd']:.2f} s | mode 1st {t['mode 1st']:.2f} s "
+        f"({t['mode 1st'] / t['native 1st']:.1f}x native), "
+        f"2nd {t['mode 2nd']:.2f} s ({t['mode 2nd'] / t['native 2nd']:.1f}x native) | "
+        f"mode 1st/2nd {t['mode 1st'] / t['mode 2nd']:.2f}x"
+    )
     if "edref 1st" in t:
-        print(f"  edref+enable 1st {t['edref 1st']:.2f} s, 2nd {t['edref 2nd']:.2f} s | 1st/2nd {t['edref 1st'] / t['edref 2nd']:.2f}x")
+        print(
+            f"  edref+enable 1st {t['edref 1st']:.2f} s, 2nd {t['edref 2nd']:.2f} s | "
+            f"1st/2nd {t['edref 1st'] / t['edref 2nd']:.2f}x"
+        )
     print(f"  kernels traced: {g['traced']} in all, {g['after_first']} after the first decoding step's shapes")
     if "disk 1st" in t:
-        print(f"  mode, memory cache cleared, disk cache warm: 1st {t['disk 1st']:.2f} s, 2nd {t['disk 2nd']:.2f} s | "
-              f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x")
+        print(
+            f"  mode, memory cache cleared, disk cache warm: 1st {t['disk 1st']:.2f} s, 2nd {t['disk 2nd']:.2f} s | "
+            f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x"
+        )
     if DEVICE != "cpu":
         return
     demo_table(args.rounds)
@@ -427,18 +484,31 @@ def main() -> None:
 
 def demo_table(rounds: int) -> None:
     runs = demo_processes(rounds)
-    print("\ndemo TransformerBlock (AdamW), fresh processes sharing a disk cache (1 thread; medians of "
-          f"{len(runs['warm'])} warm/native pairs):")
+    print(
+        "\ndemo TransformerBlock (AdamW), fresh processes sharing a disk cache (1 thread; medians of "
+        f"{len(runs['warm'])} warm/native pairs):"
+    )
     first, steady, traced, loaded, _ = runs["cold"]
-    print(f"  process 1 (cold disk): first step {first:.3f} s, steady {steady:.3f} s ({first / steady:.1f}x) | "
-          f"kernels traced {traced}")
+    print(
+        f"  process 1 (cold disk): first step {first:.3f} s, steady {steady:.3f} s ({first / steady:.1f}x) | "
+        f"kernels traced {traced}"
+    )
     for name, label in (("warm", "later processes (warm disk)"), ("native", "native, no mode")):
         r = runs[name]
         first, steady = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
         ratio = statistics.median(x[0] / x[1] for x in r)
-        extra = (f" | kernels traced {max(x[2] for x in r)}, loaded {max(x[3] for x in r)}, "
-                 f"programs preloaded {max(x[4] for x in r)}") if name == "warm" else ""
-        print(f"  {label:28} first step {first * 1e3:6.1f} ms, steady {steady * 1e3:5.1f} ms, first/steady {ratio:.1f}x{extra}")
+        extra = (
+            (
+                f" | kernels traced {max(x[2] for x in r)}, loaded {max(x[3] for x in r)}, "
+                f"programs preloaded {max(x[4] for x in r)}"
+            )
+            if name == "warm"
+            else ""
+        )
+        print(
+            f"  {label:28} first step {first * 1e3:6.1f} ms, "
+            f"steady {steady * 1e3:5.1f} ms, first/steady {ratio:.1f}x{extra}"
+        )
 
 
 if __name__ == "__main__":

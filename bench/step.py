@@ -24,12 +24,12 @@ import time
 import warnings
 
 import torch
+from results import Table, add_json_flag, save
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
-from eagerdecomp.runtime.compiler import AFTER
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
-from results import Table, add_json_flag, save
+from eagerdecomp.runtime.compiler import AFTER
 
 
 class DoNothing(TorchDispatchMode):
@@ -88,20 +88,35 @@ def bench(name, model, batch, device, rounds, compile, foreach=None, table=None)
     diff = {k: max((a - b).abs().max().item() for a, b in zip(ref, m.parameters())) for k, (_, m, _) in runs.items()}
     med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(samples[a], samples[b]))  # noqa: E731
-    line = (f"{name:17} native {med['native']:7.2f} ms | nothing {med['nothing']:7.2f} | mode {med['mode']:7.2f} "
-            f"({ratio('mode', 'native'):.2f}x native, {ratio('mode', 'nothing'):.2f}x nothing)")
+    line = (
+        f"{name:17} native {med['native']:7.2f} ms | nothing {med['nothing']:7.2f} | mode {med['mode']:7.2f} "
+        f"({ratio('mode', 'native'):.2f}x native, {ratio('mode', 'nothing'):.2f}x nothing)"
+    )
     if "compiled" in runs:
         rep = runs["compiled"][0].report()
         n = sum(1 for r in rep.rows if r.compiled)
-        line += (f" | compiled {med['compiled']:7.2f} ({ratio('compiled', 'mode'):.2f}x mode; {n} ops compiled, "
-                 f"warm-up {t_warm['compiled']:.1f} s)")
+        line += (
+            f" | compiled {med['compiled']:7.2f} ({ratio('compiled', 'mode'):.2f}x mode; {n} ops compiled, "
+            f"warm-up {t_warm['compiled']:.1f} s)"
+        )
     print(line)
     if table is not None:
-        table.add(name, med["native"], med["nothing"], med["mode"], ratio("mode", "native"), ratio("mode", "nothing"),
-                  med.get("compiled"), ratio("compiled", "mode") if "compiled" in runs else None,
-                  max(v for k, v in diff.items() if k != "native"))
-    print(f"{'':17} params vs native after {AFTER + 3 + rounds} steps: " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items() if k != "native")
-          + f"; mode traced {misses() - before} kernel(s) in the timed rounds")
+        table.add(
+            name,
+            med["native"],
+            med["nothing"],
+            med["mode"],
+            ratio("mode", "native"),
+            ratio("mode", "nothing"),
+            med.get("compiled"),
+            ratio("compiled", "mode") if "compiled" in runs else None,
+            max(v for k, v in diff.items() if k != "native"),
+        )
+    print(
+        f"{'':17} params vs native after {AFTER + 3 + rounds} steps: "
+        + ", ".join(f"{k} {v:.1e}" for k, v in diff.items() if k != "native")
+        + f"; mode traced {misses() - before} kernel(s) in the timed rounds"
+    )
 
 
 def main(argv=None):
@@ -116,14 +131,35 @@ def main(argv=None):
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(opts.threads)
-    print(f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.threads} thread(s), "
-          f"scale {opts.scale}, {opts.rounds} rounds{', AdamW foreach=True' if opts.foreach else ''}; ms per training step (median)")
-    table = Table("Training step (AdamW), ms per step, median of interleaved rounds",
-                  ["model", "native", "do-nothing mode", "EagerDecompMode", "mode / native", "mode / do-nothing",
-                   "compile=inductor", "compiled / mode", "max param diff"],
-                  formats={"native": "{:.2f}", "do-nothing mode": "{:.2f}", "EagerDecompMode": "{:.2f}",
-                           "mode / native": "{:.2f}x", "mode / do-nothing": "{:.2f}x", "compile=inductor": "{:.2f}",
-                           "compiled / mode": "{:.2f}x", "max param diff": "{:.1e}"})
+    print(
+        f"eagerdecomp {ed.__version__}, torch {torch.__version__}, {opts.device}, {opts.threads} thread(s), "
+        f"scale {opts.scale}, {opts.rounds} rounds{', AdamW foreach=True' if opts.foreach else ''}; "
+        "ms per training step (median)"
+    )
+    table = Table(
+        "Training step (AdamW), ms per step, median of interleaved rounds",
+        [
+            "model",
+            "native",
+            "do-nothing mode",
+            "EagerDecompMode",
+            "mode / native",
+            "mode / do-nothing",
+            "compile=inductor",
+            "compiled / mode",
+            "max param diff",
+        ],
+        formats={
+            "native": "{:.2f}",
+            "do-nothing mode": "{:.2f}",
+            "EagerDecompMode": "{:.2f}",
+            "mode / native": "{:.2f}x",
+            "mode / do-nothing": "{:.2f}x",
+            "compile=inductor": "{:.2f}",
+            "compiled / mode": "{:.2f}x",
+            "max param diff": "{:.1e}",
+        },
+    )
     for name, (model, batch) in _models(opts.scale, opts.device).items():
         bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile, True if opts.foreach else None, table)
     save(opts.json, "step", [table], opts.device)

@@ -32,7 +32,9 @@ def batches(seed: int) -> list:
 
 def build(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 10)
+    )
 
 
 def train(model, data, mode=None) -> list:
@@ -74,7 +76,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--native", action="store_true", help="threads without eagerdecomp (the control)")
-    ap.add_argument("--pytorch-pitfalls", action="store_true", help="models built in the threads, intra-op threads as PyTorch sets them")
+    ap.add_argument(
+        "--pytorch-pitfalls",
+        action="store_true",
+        help="models built in the threads, intra-op threads as PyTorch sets them",
+    )
     opts = ap.parse_args(argv)
     torch.set_num_threads(1)
     wrong = total = 0
@@ -86,8 +92,10 @@ def main(argv=None) -> int:
         wrong += sum(d > 1e-4 for d in diffs)
         worst = max(worst, *diffs)
     what = "native threads" if opts.native else "threads under EagerDecompMode('core_aten')"
-    print(f"{what}{' (PyTorch pitfalls on)' if opts.pytorch_pitfalls else ''}: "
-          f"{wrong} of {total} thread-runs differ from the same training alone (worst max |diff| {worst:.2e})")
+    print(
+        f"{what}{' (PyTorch pitfalls on)' if opts.pytorch_pitfalls else ''}: "
+        f"{wrong} of {total} thread-runs differ from the same training alone (worst max |diff| {worst:.2e})"
+    )
     return 0
 
 

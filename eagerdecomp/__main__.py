@@ -95,7 +95,10 @@ def _record(args) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     data = record_corpus(args.output or DATA, limit=args.limit, only=args.only, timeout=args.timeout, progress=progress)
-    print(f"recorded {len(data['models'])} models ({len(data['skipped'])} skipped) to {args.output or DATA}", file=sys.stderr)
+    print(
+        f"recorded {len(data['models'])} models ({len(data['skipped'])} skipped) to {args.output or DATA}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -117,7 +120,9 @@ def _row_text(cov, r) -> str:
     node = cov.nodes.get(r.op, {})
     lines = [f"{r.op}: {r.status}"]
     if r.status == "reaches":
-        lines.append(f"  depth {r.depth}, lands on: {', '.join(r.leaves) or '(no op: computes nothing a backend runs)'}")
+        lines.append(
+            f"  depth {r.depth}, lands on: {', '.join(r.leaves) or '(no op: computes nothing a backend runs)'}"
+        )
         if r.caveats:
             lines.append(f"  some inputs fail in: {', '.join(r.caveats)}")
     elif r.status in ("no path", "undetermined"):
@@ -145,7 +150,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def opset_args(p):
         group = p.add_mutually_exclusive_group()
-        group.add_argument("--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)")
+        group.add_argument(
+            "--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)"
+        )
         group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
         p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
@@ -156,19 +163,39 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--summary", action="store_true", help="counts and 'implement next' only")
     rep.add_argument("--op", metavar="TEXT", help="only the ops whose name contains TEXT, in detail")
     rep.add_argument("--rebuild", action="store_true", help="rebuild the decomposition graph (else cached)")
-    rep.add_argument("--verify", action="store_true",
-                     help="check the graph's verdicts by lowering each op for real under the opset (minutes)")
-    rep.add_argument("--models", action="store_true",
-                     help="per model of the corpus: runs or blocked, by family, and the ops to add for a share of models")
-    rep.add_argument("--corpus", metavar="FILE", action="append",
-                     help="a model corpus (default: the one shipped); repeat to add more; "
-                          "PyTorch's pytorch_model_ops.json format is read too")
-    rep.add_argument("--target", type=float, action="append", metavar="PERCENT",
-                     help="with --models: the smallest (greedy) op set to add to run this share of models (default 50, 80, 90, 100)")
+    rep.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the graph's verdicts by lowering each op for real under the opset (minutes)",
+    )
+    rep.add_argument(
+        "--models",
+        action="store_true",
+        help="per model of the corpus: runs or blocked, by family, and the ops to add for a share of models",
+    )
+    rep.add_argument(
+        "--corpus",
+        metavar="FILE",
+        action="append",
+        help="a model corpus (default: the one shipped); repeat to add more; "
+        "PyTorch's pytorch_model_ops.json format is read too",
+    )
+    rep.add_argument(
+        "--target",
+        type=float,
+        action="append",
+        metavar="PERCENT",
+        help="with --models: the smallest (greedy) op set to add to run this share of models (default 50, 80, 90, 100)",
+    )
     rep.set_defaults(run=_report)
     actions = rep.add_subparsers(dest="action", metavar="record")
     rec = actions.add_parser("record", help="record the model corpus: the aten ops each model calls (tens of minutes)")
-    rec.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: the shipped eagerdecomp/coverage/data/models.json)")
+    rec.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="where to write it (default: the shipped eagerdecomp/coverage/data/models.json)",
+    )
     rec.add_argument("--only", nargs="+", metavar="TEXT", help="only the models whose name contains one of these")
     rec.add_argument("--limit", type=int, help="only the first N models")
     rec.add_argument("--timeout", type=float, default=120.0, help="seconds per model (default 120)")

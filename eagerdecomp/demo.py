@@ -50,8 +50,14 @@ class SmallCNN(nn.Module):
     def __init__(self, classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+            nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
         )
         self.head = nn.Linear(16 * 4, classes)
 
@@ -61,7 +67,9 @@ class SmallCNN(nn.Module):
     @staticmethod
     def batch(n: int = 4, classes: int = 10, device="cpu"):
         g = torch.Generator().manual_seed(2)
-        return torch.randn(n, 3, 16, 16, generator=g).to(device), torch.randint(0, classes, (n,), generator=g).to(device)
+        return torch.randn(n, 3, 16, 16, generator=g).to(device), torch.randint(0, classes, (n,), generator=g).to(
+            device
+        )
 
 
 def train_step(model, opt, x, y):
@@ -95,10 +103,9 @@ def _median(xs):
 
 def main(steps: int = 6) -> None:
     import eagerdecomp as ed
-    from eagerdecomp.testing import RecordingMode
-
-    from eagerdecomp.errors import BackendError
     from eagerdecomp.device.refdev import reference_device
+    from eagerdecomp.errors import BackendError
+    from eagerdecomp.testing import RecordingMode
 
     try:  # before any backward pass: autograd learns the process's devices at its first one
         reference_device()
@@ -119,8 +126,10 @@ def main(steps: int = 6) -> None:
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
         lo, losso, go = train_step(ours, opt_o, x, y)
     print("matches native eager (dropout off):")
-    print(f"  loss {lossn.item():.6f} vs {losso.item():.6f} | max |diff| logits {_max_diff([ln], [lo]):.1e}, "
-          f"gradients {_max_diff(gn, go):.1e}, parameters after AdamW {_max_param_diff(native, ours, gn):.1e}")
+    print(
+        f"  loss {lossn.item():.6f} vs {losso.item():.6f} | max |diff| logits {_max_diff([ln], [lo]):.1e}, "
+        f"gradients {_max_diff(gn, go):.1e}, parameters after AdamW {_max_param_diff(native, ours, gn):.1e}"
+    )
     print(f"  only core ATen ops reached the kernels (independent recorder): {not rec.outside('core_aten')}")
 
     # 2. speed: with dropout, native vs first step (tracing) vs steady state (replay)
@@ -149,10 +158,14 @@ def main(steps: int = 6) -> None:
     info = ed.cache_info()
     print(f"\ncache: {info.size} kernels, {info.hits} hits, {info.misses} misses, {info.negative} negative entries")
     steady, nat = _median(times_o[1:]), _median(times_n)
-    print(f"time per step: native {nat * 1e3:.1f} ms | first step {times_o[0] * 1e3:.0f} ms (tracing) | "
-          f"steady state {steady * 1e3:.1f} ms ({steady / nat:.1f}x native)")
-    print(f"  kernels traced after the first step: {info.misses - misses_after_first} (AdamW's step size, a float"
-          " that changes every step, is a kernel input: see eagerdecomp/lift.py)")
+    print(
+        f"time per step: native {nat * 1e3:.1f} ms | first step {times_o[0] * 1e3:.0f} ms (tracing) | "
+        f"steady state {steady * 1e3:.1f} ms ({steady / nat:.1f}x native)"
+    )
+    print(
+        f"  kernels traced after the first step: {info.misses - misses_after_first} (AdamW's step size, a float"
+        " that changes every step, is a kernel input: see eagerdecomp/lift.py)"
+    )
     device_main(steps)
 
 
@@ -160,8 +173,8 @@ def device_main(steps: int = 6) -> None:
     """The device path: the same model on edref, a strict core-ATen-only device, with
     and without ``eagerdecomp.enable`` (no context manager in the training code)."""
     from eagerdecomp import device as device_switch
-    from eagerdecomp.errors import BackendError
     from eagerdecomp.device.refdev import device_ops, op_log, reference_device
+    from eagerdecomp.errors import BackendError
 
     print("\n--- a new device: edref, host memory, kernels for core ATen + runtime ops only ---")
     try:
@@ -200,15 +213,21 @@ def device_main(steps: int = 6) -> None:
     finally:
         device_switch.disable(dev)
     rep = b.report()
-    print(f"  with ed.enable('{dev.type}'): {steps} steps, last loss {lossd.item():.6f} vs CPU {lossn.item():.6f}; "
-          f"max |diff| logits/gradients {worst:.1e}, parameters {_max_param_diff(native, on_dev.cpu(), gn):.1e}")
+    print(
+        f"  with ed.enable('{dev.type}'): {steps} steps, last loss {lossd.item():.6f} vs CPU {lossn.item():.6f}; "
+        f"max |diff| logits/gradients {worst:.1e}, parameters {_max_param_diff(native, on_dev.cpu(), gn):.1e}"
+    )
     outside = sorted(set(ran) - {n.removeprefix("aten::") for n in device_ops().names()})
-    print(f"  the device ran {sum(ran.values())} kernels of {len(ran)} distinct ops, all its own: {not outside}; "
-          f"{len(rep.decomposed)} ops it lacks were decomposed, e.g. "
-          + ", ".join(r.op.removeprefix("aten.") for r in rep.decomposed[:4]))
+    print(
+        f"  the device ran {sum(ran.values())} kernels of {len(ran)} distinct ops, all its own: {not outside}; "
+        f"{len(rep.decomposed)} ops it lacks were decomposed, e.g. "
+        + ", ".join(r.op.removeprefix("aten.") for r in rep.decomposed[:4])
+    )
     steady_d, nat = _median(times_d[1:]), _median(times_n)
-    print(f"  time per step: CPU native {nat * 1e3:.1f} ms | edref first step {times_d[0] * 1e3:.0f} ms (tracing) | "
-          f"steady state {steady_d * 1e3:.1f} ms ({steady_d / nat:.1f}x CPU native)")
+    print(
+        f"  time per step: CPU native {nat * 1e3:.1f} ms | edref first step {times_d[0] * 1e3:.0f} ms (tracing) | "
+        f"steady state {steady_d * 1e3:.1f} ms ({steady_d / nat:.1f}x CPU native)"
+    )
 
 
 if __name__ == "__main__":

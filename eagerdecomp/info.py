@@ -17,14 +17,17 @@ import torch
 __all__ = ["collect", "main"]
 
 
+def _holds_a_library(folder) -> bool:
+    return bool(folder) and os.path.isdir(folder) and any(f.endswith(".so") for f in os.listdir(folder))
+
+
 def collect() -> dict:
     """The facts ``main`` prints, as a dict (never triggers a build)."""
     import eagerdecomp as ed
-
-    from eagerdecomp.runtime import library as _ext
     from eagerdecomp import device
-    from eagerdecomp.runtime import key
     from eagerdecomp.device import refdev
+    from eagerdecomp.runtime import key
+    from eagerdecomp.runtime import library as _ext
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", _ext.ExtensionWarning)  # reported below instead
@@ -38,14 +41,19 @@ def collect() -> dict:
         "built against torch": st["built_with"],
         "why not loaded": st["error"] if lib is None and st["loaded"] != "disabled" else None,
         "EAGERDECOMP_NO_EXT": os.environ.get("EAGERDECOMP_NO_EXT") or "unset",
-        "C++ sources": f"{len(_ext.sources())} file(s) under csrc/" if _ext.sources() else "none (installed from a wheel)",
-        "just-in-time build cache": (f"{cache} ({'built' if cache and os.path.isdir(cache) and any(f.endswith('.so') for f in os.listdir(cache)) else 'empty'})"
-                                     if cache else None),
+        "C++ sources": f"{len(_ext.sources())} file(s) under csrc/"
+        if _ext.sources()
+        else "none (installed from a wheel)",
+        "just-in-time build cache": (f"{cache} ({'built' if _holds_a_library(cache) else 'empty'})" if cache else None),
         "cache key builder": key.IMPLEMENTATION,
-        "reference device": f"{refdev.DEVICE_NAME} loaded" if refdev.is_loaded() else "not loaded (reference_device() loads it)",
+        "reference device": f"{refdev.DEVICE_NAME} loaded"
+        if refdev.is_loaded()
+        else "not loaded (reference_device() loads it)",
         "PrivateUse1 backend name": torch._C._get_privateuse1_backend_name(),
         "device switch enabled for": ", ".join(device.enabled()) or "none",
-        "EAGERDECOMP_DEVICES": os.environ.get("EAGERDECOMP_DEVICES") or os.environ.get("EAGERDECOMP_BACKENDS") or "unset",
+        "EAGERDECOMP_DEVICES": os.environ.get("EAGERDECOMP_DEVICES")
+        or os.environ.get("EAGERDECOMP_BACKENDS")
+        or "unset",
     }
 
 

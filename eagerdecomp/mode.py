@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Union
+from collections.abc import Callable, Iterable, Mapping
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,8 +29,8 @@ except (ImportError, AttributeError):  # a torch without them: its own wrapper d
     _hook, _OWN_WRAPPER = (lambda: None), True
 
 from eagerdecomp.ops.opset import OpSet
-from eagerdecomp.runtime.routes import defers_to_subclass
 from eagerdecomp.runtime.core import runtime_for
+from eagerdecomp.runtime.routes import defers_to_subclass
 
 __all__ = ["EagerDecompMode"]
 
@@ -57,7 +57,7 @@ class EagerDecompMode(TorchDispatchMode):
 
     def __init__(
         self,
-        opset: Union[str, OpSet, Iterable] = "core_aten",
+        opset: str | OpSet | Iterable = "core_aten",
         *,
         decompositions: Mapping | None = None,
         on_unsupported: str = "error",

@@ -134,11 +134,17 @@ class Profile:
         lines.append(f"  {'route':12} {'calls':>8} {'ms':>10} {'share':>7}")
         for r in ROUTES:
             s = self.seconds.get(r, 0.0)
-            lines.append(f"  {r:12} {self.calls[r]:>8} {s * 1e3:>10.2f} {100 * s / self.wall if self.wall else 0:>6.1f}%")
-        lines.append(f"  {'outside':12} {'':>8} {self.outside * 1e3:>10.2f} {100 * self.outside / self.wall if self.wall else 0:>6.1f}%")
+            lines.append(
+                f"  {r:12} {self.calls[r]:>8} {s * 1e3:>10.2f} {100 * s / self.wall if self.wall else 0:>6.1f}%"
+            )
+        lines.append(
+            f"  {'outside':12} {'':>8} {self.outside * 1e3:>10.2f} "
+            f"{100 * self.outside / self.wall if self.wall else 0:>6.1f}%"
+        )
         routes = Counter(r.route for r in self.report.rows)
         lines.append(
-            f"ops hit: {len(self.report.rows)} ({routes['passthrough']} passed through, {routes['decomposed']} decomposed, "
+            f"ops hit: {len(self.report.rows)} ({routes['passthrough']} passed through, "
+            f"{routes['decomposed']} decomposed, "
             f"{routes['bypassed']} decomposed eagerly, {routes['unsupported']} without a path)"
         )
         decomposed = [r for r in self.report.rows if r.route in ("decomposed", "bypassed")]
@@ -146,14 +152,16 @@ class Profile:
             lines.append("decomposed, into:")
             for r in decomposed:
                 into = ", ".join(o.removeprefix("aten.") for o in r.into)
-                lines.append(f"  {r.op} x{r.calls} -> {into or ('(decomposed eagerly)' if r.route == 'bypassed' else '(no op)')}")
+                lines.append(
+                    f"  {r.op} x{r.calls} -> {into or ('(decomposed eagerly)' if r.route == 'bypassed' else '(no op)')}"
+                )
         unsupported = self.report.by_route("unsupported")
         if unsupported:
             lines.append("no path to the opset (ran natively; implement these or register decompositions):")
             lines += [f"  {r.op} x{r.calls}" for r in unsupported]
         slow = sorted(((sum(s for _, s in t.values()), op) for op, t in self.by_op.items()), reverse=True)[:10]
         lines.append("most time:")
-        for s, op in slow:
+        for _, op in slow:
             detail = ", ".join(f"{r} {c}x {sec * 1e3:.2f} ms" for r, (c, sec) in self.by_op[op].items())
             lines.append(f"  {op}: {detail}")
         return "\n".join(lines)

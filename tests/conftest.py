@@ -17,8 +17,8 @@ def pytest_configure(config):
     # NOTE: the autograd engine knows only the devices present at a process's first backward
     # pass (eagerdecomp.refdev), so the reference device is registered before any test runs:
     # a test that uses it then passes whichever tests ran before it
-    from eagerdecomp.errors import BackendError
     from eagerdecomp.device.refdev import reference_device
+    from eagerdecomp.errors import BackendError
 
     try:
         reference_device()

@@ -19,14 +19,15 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.runtime import library as _ext
 from eagerdecomp.errors import UnsupportedOpError
 from eagerdecomp.profile import profile
+from eagerdecomp.runtime import library as _ext
 
 PACKAGE = pathlib.Path(ed.__file__).parent
 
 
 # -- a call's route is recorded once, and the profiler reads it -------------------------------
+
 
 def test_remembered_bypass_is_profiled_under_eager_never_replay():
     ed.cache_clear()
@@ -42,6 +43,7 @@ def test_remembered_bypass_is_profiled_under_eager_never_replay():
 
 
 # -- cache entries are data: no exception, no frame, no tensor ---------------------------------
+
 
 def _refused_call():
     a = torch.eye(3) + 1  # only this frame holds it
@@ -76,6 +78,7 @@ def test_raising_the_same_refusal_does_not_grow_its_traceback():
 
 
 # -- the module graph ---------------------------------------------------------------------------
+
 
 def _imports() -> list:
     """``(importer, imported module, names)`` for every import statement of the package,
@@ -128,7 +131,7 @@ def test_no_import_cycle_between_modules():
         state[m] = "open"
         for d in sorted(graph[m]):
             if state.get(d) == "open":
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d) :] + [d]))
             if d not in state:
                 visit(d, path + [d])
         state[m] = "done"
@@ -149,7 +152,9 @@ def test_no_private_name_is_imported_across_subpackages():
         f"{importer} imports {target}.{name}"
         for importer, target, names in imports
         for name in names
-        if name.startswith("_") and not name.startswith("__") and name != "_C"  # _C: the C++ library (runtime.library)
+        if name.startswith("_")
+        and not name.startswith("__")
+        and name != "_C"  # _C: the C++ library (runtime.library)
         and _subpackage(importer) != _subpackage(target + ".x" if target in modules and modules else target)
     )
     assert not crossing, crossing
@@ -161,7 +166,9 @@ def test_the_layers_import_only_downwards():
     layers = {"ops": 0, "decompositions": 1, "runtime": 2, "device": 3, "dynamo": 3, "coverage": 4}
     graph = _module_graph()
     upward = sorted(
-        f"{m} -> {d}" for m, deps in graph.items() for d in deps
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
         if _subpackage(m) in layers and _subpackage(d) in layers and layers[_subpackage(d)] > layers[_subpackage(m)]
     )
     assert not upward, upward
@@ -174,6 +181,7 @@ def test_runtime_imports_nothing_of_the_coverage_tool():
 
 
 # -- seen where PyTorch users look --------------------------------------------------------------
+
 
 def test_traces_and_refusals_go_to_the_eagerdecomp_logger(caplog):
     ed.cache_clear()
@@ -189,8 +197,13 @@ def test_traces_and_refusals_go_to_the_eagerdecomp_logger(caplog):
 
 @pytest.mark.parametrize("level", [None, "info"])
 def test_the_logger_is_quiet_unless_asked(level):
-    script = "import torch, eagerdecomp as ed\nwith ed.EagerDecompMode('core_aten'):\n    torch.nn.functional.silu(torch.randn(4))\n"
-    env = {k: v for k, v in os.environ.items() if k != "EAGERDECOMP_LOG"} | ({"EAGERDECOMP_LOG": level} if level else {})
+    script = (
+        "import torch, eagerdecomp as ed\n"
+        "with ed.EagerDecompMode('core_aten'):\n    torch.nn.functional.silu(torch.randn(4))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "EAGERDECOMP_LOG"} | (
+        {"EAGERDECOMP_LOG": level} if level else {}
+    )
     err = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300).stderr
     assert ("[eagerdecomp INFO] aten.silu.default: traced" in err) == (level is not None)
 
@@ -209,6 +222,7 @@ def test_decomposed_calls_show_as_profiler_ranges():
 
 
 # -- the C++ library says when it was built for another torch ------------------------------------
+
 
 @pytest.fixture
 def fresh_ext(monkeypatch):

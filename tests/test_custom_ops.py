@@ -186,7 +186,10 @@ def test_custom_ops_met_inside_a_decomposition_follow_the_same_rules():
     x = torch.randn(4, 3)
     hardswish = torch.ops.aten.hardswish.default
     # a Python custom op inside a decomposition is lowered through its body, into the cached kernel
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten", decompositions={hardswish: lambda t: scaled_silu(t, 0.5) + 1}) as mode:
+    with (
+        RecordingMode() as rec,
+        ed.EagerDecompMode("core_aten", decompositions={hardswish: lambda t: scaled_silu(t, 0.5) + 1}) as mode,
+    ):
         ys = [F.hardswish(x) for _ in range(2)]
     for y in ys:
         torch.testing.assert_close(y, F.silu(x) * 0.5 + 1)
@@ -195,7 +198,10 @@ def test_custom_ops_met_inside_a_decomposition_follow_the_same_rules():
     assert "aten.sigmoid.default" in row.into
     # an opaque kernel is kept as a call; with no meta kernel it cannot be traced over fake
     # tensors, so that decomposition runs eagerly on every call (still only opset ops besides it)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten", decompositions={hardswish: lambda t: OPAQUE(t).float()}) as mode:
+    with (
+        RecordingMode() as rec,
+        ed.EagerDecompMode("core_aten", decompositions={hardswish: lambda t: OPAQUE(t).float()}) as mode,
+    ):
         y = F.hardswish(x)
     torch.testing.assert_close(y, OPAQUE(x).float())
     assert rec.outside("core_aten") == [str(OPAQUE)] and mode.report().row(hardswish).route == "bypassed"

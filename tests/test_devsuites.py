@@ -25,12 +25,29 @@ pytestmark = pytest.mark.skipif(
 def test_the_slice_runs_on_edref_as_expected(tmp_path):
     out = tmp_path / "summary"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.devsuites", "--select", str(ROOT / "tests/devsuites/slice.txt"), "--jobs", "1", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        [
+            sys.executable,
+            "-m",
+            "tests.devsuites",
+            "--select",
+            str(ROOT / "tests/devsuites/slice.txt"),
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads(out.with_suffix(".json").read_text())["summary"]
-    wanted = [line for line in (ROOT / "tests/devsuites/slice.txt").read_text().splitlines() if line and not line.startswith("#")]
+    wanted = [
+        line
+        for line in (ROOT / "tests/devsuites/slice.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert summary["cpu_passed"] == len(wanted)  # every test of the slice is a CPU pass
     assert summary["device_passed"] + summary["known_failures"] == len(wanted)
     assert summary["known_failures"] >= 3 and not summary["state_changed"] and not summary["unexpected"]
@@ -38,7 +55,19 @@ def test_the_slice_runs_on_edref_as_expected(tmp_path):
 
 def test_ids_name_a_test_on_every_device():
     # one generic id for the CPU and the device copy of a test, parametrized names included
-    assert generic_id("test_nn.py", "TestNNDeviceTypeCPU", "test_x_cpu_float32", "cpu") == "test_nn.py::TestNNDeviceType::test_x_DEVICE_float32"
-    assert generic_id("test_nn.py", "TestNNDeviceTypeEDREF", "test_x_edref_float32", "edref") == "test_nn.py::TestNNDeviceType::test_x_DEVICE_float32"
-    assert generic_id("a.py", "TestViewOpsPRIVATEUSE1", "test_from_cpu_edref", "edref") == "a.py::TestViewOps::test_from_cpu_DEVICE"
-    assert generic_id("a.py", "TestViewOpsCPU", "test_from_cpu_cpu_int32", "cpu") == "a.py::TestViewOps::test_from_cpu_DEVICE_int32"
+    assert (
+        generic_id("test_nn.py", "TestNNDeviceTypeCPU", "test_x_cpu_float32", "cpu")
+        == "test_nn.py::TestNNDeviceType::test_x_DEVICE_float32"
+    )
+    assert (
+        generic_id("test_nn.py", "TestNNDeviceTypeEDREF", "test_x_edref_float32", "edref")
+        == "test_nn.py::TestNNDeviceType::test_x_DEVICE_float32"
+    )
+    assert (
+        generic_id("a.py", "TestViewOpsPRIVATEUSE1", "test_from_cpu_edref", "edref")
+        == "a.py::TestViewOps::test_from_cpu_DEVICE"
+    )
+    assert (
+        generic_id("a.py", "TestViewOpsCPU", "test_from_cpu_cpu_int32", "cpu")
+        == "a.py::TestViewOps::test_from_cpu_DEVICE_int32"
+    )

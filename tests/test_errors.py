@@ -69,7 +69,9 @@ def test_decomposition_cycle_is_an_error_not_a_recursion_error():
 
 
 def test_mixed_devices():
-    with pytest.raises(ed.DeviceMismatchError, match=r"aten.addcmul.default: expected all tensor arguments on one device.*cpu.*meta"):
+    with pytest.raises(
+        ed.DeviceMismatchError, match=r"aten.addcmul.default: expected all tensor arguments on one device.*cpu.*meta"
+    ):
         with ed.EagerDecompMode("core_aten"):
             torch.addcmul(torch.randn(3), torch.randn(3, device="meta"), torch.randn(3))
 
@@ -83,7 +85,9 @@ def test_cpu_scalar_tensor_may_mix_like_eager():
 
 def test_wrong_decomposition_is_caught_against_the_meta_kernel():
     wrong = {aten.silu.default: lambda x: x.to(torch.float64)}
-    with pytest.raises(ed.MismatchError, match=r"aten.silu.default: output 0 .*torch.float64.*eager gives torch.float32"):
+    with pytest.raises(
+        ed.MismatchError, match=r"aten.silu.default: output 0 .*torch.float64.*eager gives torch.float32"
+    ):
         with ed.EagerDecompMode("core_aten", decompositions=wrong):
             F.silu(torch.randn(3))
 
@@ -117,6 +121,13 @@ def test_invalid_arguments_raise_the_eager_error_type():
 
 
 def test_every_error_is_an_eagerdecomp_error():
-    for cls in (ed.UnknownOpError, ed.UnsupportedOpError, ed.UnsupportedArgumentError, ed.DeviceMismatchError,
-                ed.TraceError, ed.MismatchError, ed.BackendError):
+    for cls in (
+        ed.UnknownOpError,
+        ed.UnsupportedOpError,
+        ed.UnsupportedArgumentError,
+        ed.DeviceMismatchError,
+        ed.TraceError,
+        ed.MismatchError,
+        ed.BackendError,
+    ):
         assert issubclass(cls, ed.EagerDecompError)

@@ -19,7 +19,10 @@ def _g(t):
     return F.elu(t).sum() + torch.lerp(t, t.cos(), 0.3).pow(2).mean()
 
 
-X, Y = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)), torch.randn(6, generator=torch.Generator().manual_seed(1))
+X, Y = (
+    torch.randn(4, 6, generator=torch.Generator().manual_seed(0)),
+    torch.randn(6, generator=torch.Generator().manual_seed(1)),
+)
 
 TRANSFORMS = {
     "vmap": lambda: vmap(_f)(X),
@@ -50,12 +53,18 @@ def test_storage_queries_are_answered_per_call_not_from_a_kernel():
     big = torch.zeros(8)[:4]
     with ed.EagerDecompMode("core_aten") as mode:
         answers = [
-            aten.is_set_to.default(a, a), aten.is_set_to.default(a, b),
-            aten._has_same_storage_numel.default(a, b), aten._has_same_storage_numel.default(a, big),
+            aten.is_set_to.default(a, a),
+            aten.is_set_to.default(a, b),
+            aten._has_same_storage_numel.default(a, b),
+            aten._has_same_storage_numel.default(a, big),
         ]
     assert answers == [True, False, True, False]
-    assert answers == [aten.is_set_to.default(a, a), aten.is_set_to.default(a, b),
-                       aten._has_same_storage_numel.default(a, b), aten._has_same_storage_numel.default(a, big)]
+    assert answers == [
+        aten.is_set_to.default(a, a),
+        aten.is_set_to.default(a, b),
+        aten._has_same_storage_numel.default(a, b),
+        aten._has_same_storage_numel.default(a, big),
+    ]
     row = mode.report().row(aten.is_set_to.default)
     assert row.traces == 0 and row.bypassed == {"non-tensor output": 2}
 

@@ -53,24 +53,50 @@ def _lm_batch(vocab):
 
 
 def llama():  # decoder-only: RoPE, grouped-query attention (4 query heads, 2 key/value heads)
-    cfg = T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = T.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return T.LlamaForCausalLM(_no_dropout(cfg)), _lm_batch(64)
 
 
 def qwen2_moe():  # mixture of experts, transformers' grouped experts path: histc and _grouped_mm
-    cfg = T.Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                           shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, output_router_logits=True,
-                           max_position_embeddings=64)
+    cfg = T.Qwen2MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        max_position_embeddings=64,
+    )
     cfg._experts_implementation = "grouped_mm"
     return T.Qwen2MoeForCausalLM(_no_dropout(cfg)), _lm_batch(64)
 
 
 def mixtral():  # mixture of experts, the per-expert loop (index_add_) and the router's load-balancing loss
-    cfg = T.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                          output_router_logits=True, max_position_embeddings=64)
+    cfg = T.MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        max_position_embeddings=64,
+    )
     return T.MixtralForCausalLM(_no_dropout(cfg)), _lm_batch(64)
 
 
@@ -80,15 +106,24 @@ def mamba():  # state-space model (transformers' reference selective scan, no CU
 
 
 def bert():  # encoder
-    cfg = T.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, max_position_embeddings=32)
+    cfg = T.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return T.BertForMaskedLM(_no_dropout(cfg)), _lm_batch(64)
 
 
 def t5():  # encoder-decoder (relative position buckets)
-    cfg = T.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                     decoder_start_token_id=0, pad_token_id=0)
-    return T.T5ForConditionalGeneration(_no_dropout(cfg)), lambda: dict(input_ids=_tokens(64), labels=_tokens(64, length=6, low=1))
+    cfg = T.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0
+    )
+    return T.T5ForConditionalGeneration(_no_dropout(cfg)), lambda: dict(
+        input_ids=_tokens(64), labels=_tokens(64, length=6, low=1)
+    )
 
 
 def _images(size, labels):
@@ -96,8 +131,15 @@ def _images(size, labels):
 
 
 def vit():  # vision transformer
-    cfg = T.ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, num_labels=3)
+    cfg = T.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+    )
     return T.ViTForImageClassification(_no_dropout(cfg)), _images(16, lambda: torch.tensor([0, 2]))
 
 
@@ -107,24 +149,45 @@ def resnet():  # CNN with batch norm (training mode: batch statistics, running s
 
 
 def segformer():  # semantic segmentation (bilinear upsampling of the logits and its backward)
-    cfg = T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
-                            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
-                            decoder_hidden_size=16, num_labels=3)
+    cfg = T.SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[8, 16],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=16,
+        num_labels=3,
+    )
     return T.SegformerForSemanticSegmentation(_no_dropout(cfg)), _images(32, lambda: torch.randint(0, 3, (2, 32, 32)))
 
 
 def wav2vec2():  # speech with a CTC head: _ctc_loss, weight-normed positional convolution
-    cfg = T.Wav2Vec2Config(vocab_size=12, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
-                           num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, ctc_loss_reduction="mean",
-                           feat_extract_norm="group")
+    cfg = T.Wav2Vec2Config(
+        vocab_size=12,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(8, 8),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        ctc_loss_reduction="mean",
+        feat_extract_norm="group",
+    )
     batch = lambda: dict(input_values=torch.randn(2, 800), labels=torch.randint(1, 12, (2, 5)))  # noqa: E731
     return T.Wav2Vec2ForCTC(_no_dropout(cfg)), batch
 
 
 FAST = [llama, qwen2_moe, wav2vec2]
 SLOW = [mixtral, mamba, bert, t5, vit, resnet, segformer]
-MODELS = [pytest.param(m, id=m.__name__) for m in FAST] + [pytest.param(m, id=m.__name__, marks=[pytest.mark.slow, slow]) for m in SLOW]
+MODELS = [pytest.param(m, id=m.__name__) for m in FAST] + [
+    pytest.param(m, id=m.__name__, marks=[pytest.mark.slow, slow]) for m in SLOW
+]
 # the device path of the fast slice: one model, the others under `make models`
 DEVICE = [pytest.param(m, id=m.__name__, marks=[] if m is llama else [pytest.mark.slow, slow]) for m in FAST + SLOW]
 

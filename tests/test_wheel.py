@@ -28,8 +28,15 @@ pytestmark = pytest.mark.xdist_group("wheel")
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = os.environ.get("EAGERDECOMP_WHEEL") == "full"
-SUBPACKAGES = ["eagerdecomp", "eagerdecomp.coverage", "eagerdecomp.decompositions", "eagerdecomp.device",
-               "eagerdecomp.dynamo", "eagerdecomp.ops", "eagerdecomp.runtime"]
+SUBPACKAGES = [
+    "eagerdecomp",
+    "eagerdecomp.coverage",
+    "eagerdecomp.decompositions",
+    "eagerdecomp.device",
+    "eagerdecomp.dynamo",
+    "eagerdecomp.ops",
+    "eagerdecomp.runtime",
+]
 
 # what the installed package must do, run in a fresh interpreter outside the checkout
 CHECK = r"""
@@ -40,7 +47,8 @@ from eagerdecomp.testing import RecordingMode
 
 site = sys.argv[1]
 assert ed.__file__.startswith(site), ("imported from", ed.__file__)
-names = [m.name for m in pkgutil.walk_packages(ed.__path__, "eagerdecomp.") if not m.name.endswith((".__main__", ".demo", ".backend"))]
+skip = (".__main__", ".demo", ".backend")  # the CLI and demo run on import; the alias warns (below)
+names = [m.name for m in pkgutil.walk_packages(ed.__path__, "eagerdecomp.") if not m.name.endswith(skip)]
 for name in names:
     importlib.import_module(name)
 with warnings.catch_warnings(record=True) as w:
@@ -72,7 +80,9 @@ print("imported", len(names), "modules; ok")
 
 def _run(cmd, **kw):
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 

@@ -44,7 +44,11 @@ def _run(names: list, device) -> None:
             _ROWS[device, row["name"]] = row
     first = next((n for n in names if (device, n) not in _ROWS), None)
     if first is not None:
-        _ROWS[device, first] = {"name": first, "verdict": "timeout" if why.startswith("over") else "crash", "detail": why}
+        _ROWS[device, first] = {
+            "name": first,
+            "verdict": "timeout" if why.startswith("over") else "crash",
+            "detail": why,
+        }
 
 
 def _row(name: str, device, todo: list) -> dict:
@@ -52,9 +56,11 @@ def _row(name: str, device, todo: list) -> dict:
     if ALL and (device, name) not in _ROWS and path.exists():  # written by an earlier run of make zoo: resumed
         _ROWS[device, name] = json.loads(path.read_text())
     if (device, name) not in _ROWS:
-        rest = todo[todo.index(name):]
-        _run([n for n in rest if (device, n) not in _ROWS and not (ALL and zoo.row_path(n, device).exists())][:BATCH],
-             device)
+        rest = todo[todo.index(name) :]
+        _run(
+            [n for n in rest if (device, n) not in _ROWS and not (ALL and zoo.row_path(n, device).exists())][:BATCH],
+            device,
+        )
     row = _ROWS[device, name]
     if ALL:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,12 +98,17 @@ def test_a_model_matches_native_on_the_reference_device():
 
 # -- the judge itself: a check that cannot fail is no check -----------------------------------------
 
+
 def _parts(**change):
     import torch
 
     g = torch.Generator().manual_seed(0)
-    parts = {"loss": {"loss": torch.tensor(2.5)}, "grads": {"w": torch.randn(64, generator=g)},
-             "buffers": {}, "outputs": {0: torch.randn(4, 8, generator=g)}}
+    parts = {
+        "loss": {"loss": torch.tensor(2.5)},
+        "grads": {"w": torch.randn(64, generator=g)},
+        "buffers": {},
+        "outputs": {0: torch.randn(4, 8, generator=g)},
+    }
     for part, fn in change.items():
         parts[part] = {k: fn(v) for k, v in parts[part].items()}
     return parts
@@ -126,7 +137,11 @@ def test_generations_part_only_on_a_near_tie():
     import torch
 
     seq = torch.tensor([[5, 1, 2, 3]])
-    scores = [torch.tensor([[0.0, 3.0, 1.0, 0.0]]), torch.tensor([[0.0, 1.0, 2.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0, 3.0]])]
+    scores = [
+        torch.tensor([[0.0, 3.0, 1.0, 0.0]]),
+        torch.tensor([[0.0, 1.0, 2.0, 0.0]]),
+        torch.tensor([[0.0, 0.0, 1.0, 3.0]]),
+    ]
     assert zoo._same_generation((seq, scores), (seq, scores)) is None
     off = [s.clone() for s in scores]
     off[1][0, 0] += 0.01

@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def rows_dir(device: str | None = None) -> Path:
     """Where a run writes its rows: under the mode, or on ``device`` with the switch."""
     return ROOT / "reports" / (f"zoo-{device}" if device else "zoo") / "rows"
@@ -35,6 +36,7 @@ def rows_dir(device: str | None = None) -> Path:
 
 def summary_path(device: str | None = None) -> Path:
     return ROOT / "reports" / (f"zoo-{device}.md" if device else "zoo.md")
+
 
 # the tolerances of tests/test_models.py: float32 rounding of decomposed chains, not bitwise
 LOSS, GRAD, OUT = dict(rtol=1e-4, atol=1e-5), dict(rtol=1e-3, atol=1e-5), dict(rtol=1e-4, atol=1e-5)
@@ -89,8 +91,11 @@ def _leaves(out) -> list:
     import torch
 
     values = out.to_tuple() if hasattr(out, "to_tuple") else out
-    return [t.detach() for t in torch.utils._pytree.tree_leaves(values)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [
+        t.detach()
+        for t in torch.utils._pytree.tree_leaves(values)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
 
 
 def _train(model, x, labels):
@@ -134,10 +139,17 @@ def _generate(model, x, device=None):
         return None
     model.eval()
     with torch.no_grad():
-        out = model.generate(**{k: v.to(device) if device else v for k, v in x.items()
-                                if k in ("input_ids", "attention_mask")},
-                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                             bos_token_id=1, decoder_start_token_id=0, return_dict_in_generate=True, output_scores=True)
+        out = model.generate(
+            **{k: v.to(device) if device else v for k, v in x.items() if k in ("input_ids", "attention_mask")},
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            bos_token_id=1,
+            decoder_start_token_id=0,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
     return out.sequences.cpu(), [s.detach().cpu() for s in out.scores]
 
 
@@ -288,7 +300,9 @@ def check(name: str, device: str | None = None) -> dict:
                 generated = None
             row["native s"] = round(time.perf_counter() - t0, 3)
     except Exception as e:  # noqa: BLE001 - not ours to judge: the model does not run natively
-        return dict(row, verdict="native failed", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        return dict(
+            row, verdict="native failed", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        )
     t0 = time.perf_counter()
     rec = RecordingMode()
     try:
@@ -345,33 +359,51 @@ def summary(device: str | None = None) -> str:
     by = {}
     for r in rows:
         by.setdefault(r["verdict"], []).append(r)
-    where = f"on `{device}` with `ed.enable`" if device else "under `EagerDecompMode(\"core_aten\")`"
-    lines = [f"# The model zoo {where}", "",
-             "Written by `make zoo` (`tests/test_zoo.py`, `tests/zoo.py`): one training step, one inference pass",
-             f"and, where the model generates, a greedy `generate()` of {NEW_TOKENS} tokens, of each corpus model,",
-             f"natively and {where}; dropout off, 1 thread.", "",
-             "| verdict | models |", "| --- | ---: |"]
+    where = f"on `{device}` with `ed.enable`" if device else 'under `EagerDecompMode("core_aten")`'
+    lines = [
+        f"# The model zoo {where}",
+        "",
+        "Written by `make zoo` (`tests/test_zoo.py`, `tests/zoo.py`): one training step, one inference pass",
+        f"and, where the model generates, a greedy `generate()` of {NEW_TOKENS} tokens, of each corpus model,",
+        f"natively and {where}; dropout off, 1 thread.",
+        "",
+        "| verdict | models |",
+        "| --- | ---: |",
+    ]
     lines += [f"| {v} | {len(rs)} |" for v, rs in sorted(by.items(), key=lambda kv: -len(kv[1]))]
     ran = [r for r in rows if r.get("worst") and not r.get("random")]  # (noise of its own: not comparable)
     if ran:
         rel = sorted(max(r["worst"].values()) for r in ran if r.get("worst"))
-        lines += ["", f"Models that ran {where} and draw no noise of their own: {len(ran)}; worst relative difference per model "
-                      f"(over loss, gradients, buffers and outputs, each part's largest difference over its "
-                      f"largest value): median {rel[len(rel) // 2]:.2g}, "
-                      f"max {rel[-1]:.2g}."]
+        lines += [
+            "",
+            f"Models that ran {where} and draw no noise of their own: {len(ran)}; worst relative difference per model "
+            f"(over loss, gradients, buffers and outputs, each part's largest difference over its "
+            f"largest value): median {rel[len(rel) // 2]:.2g}, "
+            f"max {rel[-1]:.2g}.",
+        ]
     judged = [r for r in rows if r["verdict"] == "match" and r.get("vs float64")]
     if judged:
         far = [r for r in judged if max(t for _, t in r["vs float64"].values()) > 1e-2]
-        lines += ["", f"{len(judged)} matches were judged against float64 (a tensor outside float32's tolerance; "
-                      f"error against float64 relative to the part's largest value, the mode's / native's):", ""]
-        lines += [f"* `{r['name']}`: " + ", ".join(f"{k} {m:.2g} / {t:.2g}" for k, (m, t) in r["vs float64"].items())
-                  + (" (native itself far from float64: discrete choices on near-ties)" if r in far else "")
-                  for r in judged]
+        lines += [
+            "",
+            f"{len(judged)} matches were judged against float64 (a tensor outside float32's tolerance; "
+            f"error against float64 relative to the part's largest value, the mode's / native's):",
+            "",
+        ]
+        lines += [
+            f"* `{r['name']}`: "
+            + ", ".join(f"{k} {m:.2g} / {t:.2g}" for k, (m, t) in r["vs float64"].items())
+            + (" (native itself far from float64: discrete choices on near-ties)" if r in far else "")
+            for r in judged
+        ]
     for verdict in ("mismatch", "crash", "stray", "error", "timeout", "native failed"):
         if verdict in by:
             lines += ["", f"## {verdict}", ""]
-            lines += [f"* `{r['name']}`: {r.get('detail')}" + (f" **Known:** {KNOWN[r['name']]}." if r["name"] in KNOWN else "")
-                      for r in by[verdict]]
+            lines += [
+                f"* `{r['name']}`: {r.get('detail')}"
+                + (f" **Known:** {KNOWN[r['name']]}." if r["name"] in KNOWN else "")
+                for r in by[verdict]
+            ]
     text = "\n".join(lines) + "\n"
     summary_path(device).parent.mkdir(parents=True, exist_ok=True)
     summary_path(device).write_text(text)

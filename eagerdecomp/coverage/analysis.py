@@ -51,6 +51,7 @@ STATUSES = {
     "undetermined": "an op on the way could not be lowered on any sample input (see its reason)",
 }
 
+
 @dataclass
 class Row:
     """The verdict for one op under one opset."""
@@ -219,7 +220,8 @@ class Coverage:
         parts = ", ".join(f"{n} {s}" for s, n in c.items())
         partial = sum(1 for r in self.by_status("reaches") if r.caveats)
         return (
-            f"{self.opset.name or 'custom opset'} ({len(self.opset)} ops, {self.flavour} tables): {total} aten overloads: "
+            f"{self.opset.name or 'custom opset'} ({len(self.opset)} ops, {self.flavour} tables): "
+            f"{total} aten overloads: "
             f"{parts} ({partial} of those that reach it have an op on the way that declines or fails some inputs)"
         )
 
@@ -243,7 +245,10 @@ class Coverage:
             lines += ["", f"{status} ({len(rows)}): {STATUSES[status]}"]
             for r in rows:
                 if status == "reaches":
-                    leaves = ", ".join(o.removeprefix("aten.") for o in r.leaves) or "(no op: computes nothing a backend runs)"
+                    leaves = (
+                        ", ".join(o.removeprefix("aten.") for o in r.leaves)
+                        or "(no op: computes nothing a backend runs)"
+                    )
                     some = f"  [some inputs fail in: {', '.join(r.caveats)}]" if r.caveats else ""
                     lines.append(f"  {r.op:{width}}  depth {r.depth}  -> {leaves}{some}")
                 else:

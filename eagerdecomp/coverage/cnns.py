@@ -24,7 +24,9 @@ class _Classifier(nn.Module):
 
 
 def _conv_bn(cin, cout, k=3, stride=1, groups=1, act=nn.ReLU):
-    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout), act())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout), act()
+    )
 
 
 class _Residual(nn.Module):
@@ -32,8 +34,14 @@ class _Residual(nn.Module):
 
     def __init__(self, cin, cout, stride):
         super().__init__()
-        self.body = nn.Sequential(_conv_bn(cin, cout, stride=stride), nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-        self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.body = nn.Sequential(
+            _conv_bn(cin, cout, stride=stride), nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x):
         return F.relu(self.body(x) + self.skip(x))
@@ -69,7 +77,11 @@ class _Fire(nn.Module):
 
     def __init__(self, cin, squeeze, expand):
         super().__init__()
-        self.s, self.e1, self.e3 = nn.Conv2d(cin, squeeze, 1), nn.Conv2d(squeeze, expand, 1), nn.Conv2d(squeeze, expand, 3, padding=1)
+        self.s, self.e1, self.e3 = (
+            nn.Conv2d(cin, squeeze, 1),
+            nn.Conv2d(squeeze, expand, 1),
+            nn.Conv2d(squeeze, expand, 3, padding=1),
+        )
 
     def forward(self, x):
         s = F.relu(self.s(x))
@@ -81,8 +93,12 @@ class _Dense(nn.Module):
 
     def __init__(self, cin, growth, layers):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Sequential(nn.BatchNorm2d(cin + i * growth), nn.ReLU(), nn.Conv2d(cin + i * growth, growth, 3, 1, 1, bias=False))
-                                    for i in range(layers))
+        self.layers = nn.ModuleList(
+            nn.Sequential(
+                nn.BatchNorm2d(cin + i * growth), nn.ReLU(), nn.Conv2d(cin + i * growth, growth, 3, 1, 1, bias=False)
+            )
+            for i in range(layers)
+        )
 
     def forward(self, x):
         for layer in self.layers:
@@ -108,7 +124,11 @@ class _Shuffle(nn.Module):
     def __init__(self, c, groups=2):
         super().__init__()
         self.g = groups
-        self.a, self.dw, self.b = _conv_bn(c, c, 1, groups=groups), _conv_bn(c, c, 3, groups=c, act=nn.Identity), _conv_bn(c, c, 1, groups=groups)
+        self.a, self.dw, self.b = (
+            _conv_bn(c, c, 1, groups=groups),
+            _conv_bn(c, c, 3, groups=c, act=nn.Identity),
+            _conv_bn(c, c, 1, groups=groups),
+        )
 
     def forward(self, x):
         n, c, h, w = x.shape
@@ -138,8 +158,15 @@ def _lenet():
 
 
 def _alexnet():
-    f = nn.Sequential(nn.Conv2d(3, 16, 5, 2, 2), nn.ReLU(inplace=True), nn.LocalResponseNorm(3), nn.MaxPool2d(3, 2),
-                      nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), nn.Dropout(0.5))
+    f = nn.Sequential(
+        nn.Conv2d(3, 16, 5, 2, 2),
+        nn.ReLU(inplace=True),
+        nn.LocalResponseNorm(3),
+        nn.MaxPool2d(3, 2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+    )
     return _Classifier(f, 32)
 
 
@@ -153,10 +180,18 @@ CNNS = {
     "AlexNet": _alexnet,
     "VGG": _vgg,
     "ResNet": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16), _Residual(16, 16, 1), _Residual(16, 32, 2)), 32),
-    "MobileNetV2": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16, act=nn.ReLU6), _Inverted(16, 16, 1), _Inverted(16, 24, 2)), 24),
-    "EfficientNet": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16, act=nn.SiLU), _Inverted(16, 16, 1, nn.SiLU, se=True),
-                                                      _Inverted(16, 24, 2, nn.SiLU, se=True)), 24),
-    "SqueezeNet": lambda: _Classifier(nn.Sequential(nn.Conv2d(3, 16, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True), _Fire(16, 8, 16)), 32),
+    "MobileNetV2": lambda: _Classifier(
+        nn.Sequential(_conv_bn(3, 16, act=nn.ReLU6), _Inverted(16, 16, 1), _Inverted(16, 24, 2)), 24
+    ),
+    "EfficientNet": lambda: _Classifier(
+        nn.Sequential(
+            _conv_bn(3, 16, act=nn.SiLU), _Inverted(16, 16, 1, nn.SiLU, se=True), _Inverted(16, 24, 2, nn.SiLU, se=True)
+        ),
+        24,
+    ),
+    "SqueezeNet": lambda: _Classifier(
+        nn.Sequential(nn.Conv2d(3, 16, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True), _Fire(16, 8, 16)), 32
+    ),
     "DenseNet": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16), _Dense(16, 8, 3)), 40),
     "GoogLeNet": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16), _Inception(16, 8)), 32),
     "ShuffleNet": lambda: _Classifier(nn.Sequential(_conv_bn(3, 16), _Shuffle(16)), 16),

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
+from eagerdecomp.coverage.workers import run_job
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import op_from_name, overloads
 from eagerdecomp.runtime.paths import cache_dir
-from eagerdecomp.coverage.workers import run_job
 
 __all__ = [
     "Node",
@@ -99,6 +99,7 @@ def universe() -> list:
 
 
 # -- one level of one op -------------------------------------------------------------------------
+
 
 class _AllBut:
     """The opset seen while finding ``op``'s direct children: everything but ``op`` itself
@@ -200,6 +201,7 @@ MAX_ROUNDS = 6
 
 # -- building the graph (in a fresh process: see _serve) -------------------------------------------
 
+
 def _analyse_op(op, pool, tables) -> tuple:
     from eagerdecomp.coverage.inputs import samples_for
 
@@ -293,9 +295,19 @@ def _resolve_all(op_name):
 
 # the modules whose code decides the graph: a change to any of them rebuilds it (with the
 # project's family modules, table.FAMILY_MODULES)
-_GRAPH_SOURCES = ("coverage/graph.py", "coverage/inputs.py", "coverage/workers.py", "runtime/lower.py",
-                  "runtime/routes.py", "decompositions/registry.py", "decompositions/table.py", "ops/variants.py",
-                  "ops/opset.py", "ops/schema.py", "ops/overlap.py")
+_GRAPH_SOURCES = (
+    "coverage/graph.py",
+    "coverage/inputs.py",
+    "coverage/workers.py",
+    "runtime/lower.py",
+    "runtime/routes.py",
+    "decompositions/registry.py",
+    "decompositions/table.py",
+    "ops/variants.py",
+    "ops/opset.py",
+    "ops/schema.py",
+    "ops/overlap.py",
+)
 
 
 def _fingerprint() -> str:
@@ -316,19 +328,23 @@ def _fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = False) -> "Graph":
+def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = False) -> Graph:
     """Build the one-level graph (minutes for every op; ``ops``/``opinfo_names`` narrow it).
 
     Ops met as children of ``ops`` are analysed too, so the graph is closed.
     """
-    job = {"kind": "graph", "ops": None if ops is None else [name(o) if not isinstance(o, str) else o for o in ops],
-           "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
+    job = {
+        "kind": "graph",
+        "ops": None if ops is None else [name(o) if not isinstance(o, str) else o for o in ops],
+        "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None,
+        "workers": workers,
+    }
     t0 = time.perf_counter()
     flavours = run_job(job, quiet)
     return Graph(flavours, build_seconds=time.perf_counter() - t0)
 
 
-def load_graph(rebuild: bool = False, quiet: bool = False) -> "Graph":
+def load_graph(rebuild: bool = False, quiet: bool = False) -> Graph:
     """The full graph, from the disk cache or built (and cached) when missing or stale."""
     path = cache_path()
     if path.exists() and not rebuild:
@@ -348,7 +364,7 @@ def cache_path() -> Path:
     return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{_fingerprint()}.json"
 
 
-def save_graph(graph: "Graph", path=None) -> None:
+def save_graph(graph: Graph, path=None) -> None:
     """Write ``graph`` where :func:`load_graph` finds it (or to ``path``)."""
     path = Path(path or cache_path())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +392,7 @@ class Graph:
 
 # -- checking the graph against real lowering ------------------------------------------------------
 
+
 def _verify_op(op, pool, opset, table) -> dict:
     from torch.utils._pytree import tree_map
 
@@ -385,6 +402,7 @@ def _verify_op(op, pool, opset, table) -> dict:
     samples, _ = samples_for(op, pool)
     leaves, ok, stuck, failed = set(), 0, [], []
     for s in samples:
+
         def emit(func, args, kwargs):
             if not is_infrastructure(func):
                 leaves.add(name(func))
@@ -403,9 +421,9 @@ def _verify_op(op, pool, opset, table) -> dict:
 
 
 def _verify(ops, opsets, opinfo_names, workers, progress) -> list:
-    from eagerdecomp.decompositions.table import default_table
     from eagerdecomp.coverage.inputs import Pool
     from eagerdecomp.coverage.workers import guarded_map
+    from eagerdecomp.decompositions.table import default_table
 
     torch.set_num_threads(1)
     pool = Pool.from_opinfo(ops, names=opinfo_names)
@@ -422,7 +440,14 @@ def verify(opsets, ops, opinfo_names=None, workers: int = 2, quiet: bool = True)
     """Lower ``ops`` on their own samples for real under each opset of ``opsets`` (preset names,
     OpSets or lists of ops): the check of :func:`analyse`. One dict per opset,
     ``{op: {"samples", "ok", "stuck", "failed", "leaves"}}`` (None where lowering crashed)."""
-    specs = [o if isinstance(o, str) else [n if isinstance(n, str) else name(n) for n in OpSet.coerce(o).ops] for o in opsets]
-    job = {"kind": "verify", "opsets": specs, "ops": [o if isinstance(o, str) else name(o) for o in ops],
-           "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None, "workers": workers}
+    specs = [
+        o if isinstance(o, str) else [n if isinstance(n, str) else name(n) for n in OpSet.coerce(o).ops] for o in opsets
+    ]
+    job = {
+        "kind": "verify",
+        "opsets": specs,
+        "ops": [o if isinstance(o, str) else name(o) for o in ops],
+        "opinfo_names": sorted(opinfo_names) if opinfo_names is not None else None,
+        "workers": workers,
+    }
     return run_job(job, quiet)

@@ -106,6 +106,7 @@ def _signature(args, kwargs) -> tuple:
 def _kind(args, kwargs) -> tuple:
     """A coarse signature: calls that differ only in sizes are of one kind (what changes a
     decomposition's branches is mostly rank, dtype, layout, and scalar-vs-tensor)."""
+
     def sig(x):
         if isinstance(x, torch.Tensor):
             return ("T", x.dim(), x.dtype, x.is_contiguous())
@@ -154,7 +155,7 @@ class Pool:
         return True
 
     @classmethod
-    def from_opinfo(cls, wanted, names=None) -> "Pool":
+    def from_opinfo(cls, wanted, names=None) -> Pool:
         """Run PyTorch's OpInfo samples (those whose name is in ``names``, or all) under a
         capturing mode; bind each OpInfo's samples to the ``wanted`` overloads of its packet."""
         pool = cls()
@@ -245,7 +246,9 @@ def _run_opinfo(info, dtype, samples: Pool, bound: list) -> None:
             if not grad:
                 continue
             outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-            ins = [i for i in tree_leaves((s.input, s.args, s.kwargs)) if isinstance(i, torch.Tensor) and i.requires_grad]
+            ins = [
+                i for i in tree_leaves((s.input, s.args, s.kwargs)) if isinstance(i, torch.Tensor) and i.requires_grad
+            ]
             if outs and ins:
                 torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
 
@@ -280,8 +283,11 @@ def _grouped_mm(dtype):
 # reach the 4-d CPU flash kernel and its backward; no OpInfo calls _grouped_mm (MoE layers do).
 # Captured like OpInfo samples, so the graph decides these ops instead of calling them undetermined.
 _PROGRAMS = (
-    lambda: _sdpa_4d(False, 4), lambda: _sdpa_4d(True, 4), lambda: _sdpa_4d(False, 2),
-    lambda: _grouped_mm(torch.float32), lambda: _grouped_mm(torch.bfloat16),
+    lambda: _sdpa_4d(False, 4),
+    lambda: _sdpa_4d(True, 4),
+    lambda: _sdpa_4d(False, 2),
+    lambda: _grouped_mm(torch.float32),
+    lambda: _grouped_mm(torch.bfloat16),
 )
 
 
@@ -321,6 +327,7 @@ def _from_opinfo(pool: Pool, wanted, names) -> None:
 
 # -- derived: in-place and out= overloads from their functional overload ---------------------
 
+
 def _out_args(op):
     return [a for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
 
@@ -354,8 +361,14 @@ _DTYPES = [torch.float32, torch.int64, torch.bool]
 # list arguments by name: values that make most shape-taking ops valid
 # (size/shape/stride follow the tensor shape being tried)
 _LIST_BY_NAME = {
-    "dim": [0], "dims": [0], "perm": [1, 0],
-    "padding": [0], "output_padding": [0], "dilation": [1], "kernel_size": [1], "output_size": [1],
+    "dim": [0],
+    "dims": [0],
+    "perm": [1, 0],
+    "padding": [0],
+    "output_padding": [0],
+    "dilation": [1],
+    "kernel_size": [1],
+    "output_size": [1],
 }
 _INT_BY_NAME = {"dim": 0, "groups": 1, "padding_idx": -1, "ignore_index": -100, "reduction": 1, "start": 0}
 
@@ -366,19 +379,24 @@ class _NoSynthesis(Exception):
 
 _STR_BY_NAME = {"reduce": "sum", "reduction": "mean", "approximate": "none", "indexing": "ij", "mode": "reflect"}
 _PLAIN_VALUES = {
-    "int": 1, "float": 0.5, "bool": False, "ScalarType": torch.float32, "Layout": torch.strided,
-    "Device": torch.device("cpu"), "MemoryFormat": torch.contiguous_format,
+    "int": 1,
+    "float": 0.5,
+    "bool": False,
+    "ScalarType": torch.float32,
+    "Layout": torch.strided,
+    "Device": torch.device("cpu"),
+    "MemoryFormat": torch.contiguous_format,
 }
 
 
 def _synth_value(name: str, typ: str, n, shape, dtype):
     """A value of schema type ``typ`` (``Tensor``, ``Optional[int]``, ``List[Tensor]``...)."""
     if typ.startswith("Optional["):
-        inner = typ[len("Optional["):-1]
+        inner = typ[len("Optional[") : -1]
         # NOTE: an optional list of tensors is how indices are passed (index.Tensor): give one
         return _synth_value(name, inner, n, shape, dtype) if inner.startswith("List[") else None
     if typ.startswith("List["):
-        inner = typ[len("List["):-1]
+        inner = typ[len("List[") : -1]
         if inner == "int":
             if name in ("size", "shape"):
                 return list(shape)
@@ -412,7 +430,11 @@ def _synthesize(op, samples: Pool) -> str | None:
             args, kwargs = [], {}
             for a in required:
                 if a in outs:  # an empty out= tensor: the op resizes it without a warning
-                    value = [torch.empty(0, dtype=dtype)] * (a.N or 1) if "List" in str(a.type) else torch.empty(0, dtype=dtype)
+                    value = (
+                        [torch.empty(0, dtype=dtype)] * (a.N or 1)
+                        if "List" in str(a.type)
+                        else torch.empty(0, dtype=dtype)
+                    )
                 else:
                     value = _synth_value(a.name, str(a.real_type), a.N, shape, dtype)
                 if a.kwarg_only:

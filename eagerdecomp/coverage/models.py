@@ -224,8 +224,10 @@ class ModelCoverage:
     # -- output -----------------------------------------------------------------------------------
     def summary(self) -> str:
         c = self.counts()
-        return (f"{self.cov.opset.name or 'custom opset'}: {self.corpus.name}: {len(self.status)} models: "
-                f"{c['runs']} run ({self.share():.1f}%), {c['blocked']} blocked, {c['undetermined']} undetermined")
+        return (
+            f"{self.cov.opset.name or 'custom opset'}: {self.corpus.name}: {len(self.status)} models: "
+            f"{c['runs']} run ({self.share():.1f}%), {c['blocked']} blocked, {c['undetermined']} undetermined"
+        )
 
     def to_dict(self, top: int = 10, targets=TARGETS) -> dict:
         return {
@@ -237,8 +239,14 @@ class ModelCoverage:
             "families": {f: {"runs": r, "models": n} for f, (r, n) in self.families().items()},
             "implement_next": [{"op": op, "unlocks": a, "needed_by": n} for op, a, n in self.implement_next(top)],
             "targets": {str(t): self.ops_for(t) for t in targets},
-            "models": {m: {"family": self.corpus.models[m]["family"], "status": self.status[m],
-                           "blockers": sorted(self.blockers[m])} for m in sorted(self.status)},
+            "models": {
+                m: {
+                    "family": self.corpus.models[m]["family"],
+                    "status": self.status[m],
+                    "blockers": sorted(self.blockers[m]),
+                }
+                for m in sorted(self.status)
+            },
         }
 
     def table(self, top: int = 10, targets=TARGETS, show_models: bool = True) -> str:
@@ -257,7 +265,9 @@ class ModelCoverage:
             lines += ["", "Models:"]
             for m in sorted(self.status, key=lambda m: (self.corpus.models[m]["family"], m)):
                 b = self.blockers[m]
-                lines.append(f"  {m:{width}}  {self.status[m]:12}" + (f"  blocked by {', '.join(sorted(b))}" if b else ""))
+                lines.append(
+                    f"  {m:{width}}  {self.status[m]:12}" + (f"  blocked by {', '.join(sorted(b))}" if b else "")
+                )
         return "\n".join(lines)
 
 

@@ -23,8 +23,8 @@ import json
 import torch
 
 from eagerdecomp.coverage.graph import NODE_KINDS, Graph, _resolve
-from eagerdecomp.ops.opset import RUNTIME_EXTRAS, OpSet, PRESETS
 from eagerdecomp.coverage.models import TARGETS, passes_through
+from eagerdecomp.ops.opset import PRESETS, RUNTIME_EXTRAS, OpSet
 
 __all__ = ["render", "page_data", "GROUPS"]
 
@@ -46,7 +46,7 @@ GROUPS = [
     ("reductions (torch.Tag.reduction)", _tagged(torch.Tag.reduction)),
     ("random (nondeterministic_seeded)", _tagged(torch.Tag.nondeterministic_seeded)),
     ("out= overloads", _tagged(torch.Tag.out)),
-    ("in-place overloads", lambda op: _writes(op) and not torch.Tag.out in op.tags),
+    ("in-place overloads", lambda op: _writes(op) and torch.Tag.out not in op.tags),
     ("backward ops", lambda op: "backward" in op._schema.name),
     ("views", lambda op: any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)),
 ]
@@ -107,7 +107,10 @@ def page_data(graph: Graph, opset="core_aten", corpora=None) -> dict:
         "graphs": graphs,
         "presets": presets,
         "groups": groups,
-        "initial": {"preset": start.name if start.name in PRESETS else "", "ops": [index[str(op)] for op in start.ops if str(op) in index]},
+        "initial": {
+            "preset": start.name if start.name in PRESETS else "",
+            "ops": [index[str(op)] for op in start.ops if str(op) in index],
+        },
     }
 
 

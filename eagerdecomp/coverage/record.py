@@ -59,12 +59,38 @@ HEADS = [
 
 # Config fields made small (never larger than the default): (names, value).
 SHRINK = [
-    (("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "hidden_dim", "word_embed_proj_dim", "projection_dim"), 64),
+    (
+        ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "hidden_dim", "word_embed_proj_dim", "projection_dim"),
+        64,
+    ),
     (("embedding_size",), 32),
-    (("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "shared_expert_intermediate_size"), 128),
+    (
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_ff",
+            "n_inner",
+            "shared_expert_intermediate_size",
+        ),
+        128,
+    ),
     (("moe_intermediate_size", "expert_intermediate_size"), 64),
-    (("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
-      "num_decoder_layers", "num_encoder_layers", "depth"), 2),
+    (
+        (
+            "num_hidden_layers",
+            "num_layers",
+            "n_layer",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_decoder_layers",
+            "num_encoder_layers",
+            "depth",
+        ),
+        2,
+    ),
     (("num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads"), 4),
     (("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), 2),  # 4 heads over 2: grouped-query
     (("head_dim", "d_kv", "attention_head_dim", "kv_channels"), 16),
@@ -77,8 +103,10 @@ _PER_LAYER = ("layer_types", "mlp_layer_types", "full_attn_idxs", "attn_layer_in
 MAX_PARAMS = 40_000_000  # a model still bigger than this after shrinking is too slow to step here
 
 # marks of a family refinement on the config: (family suffix, any of these fields > 1)
-_TRAITS = [(" (MoE)", ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
-           (" (state-space)", ("state_size", "ssm_state_size", "mamba_d_state", "d_state"))]
+_TRAITS = [
+    (" (MoE)", ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
+    (" (state-space)", ("state_size", "ssm_state_size", "mamba_d_state", "d_state")),
+]
 
 
 def specs(limit=None, only=None) -> list:
@@ -94,16 +122,33 @@ def specs(limit=None, only=None) -> list:
             if model_type in seen or not isinstance(cls, str) or f"transformers/{cls}" in seen:
                 continue
             seen |= {model_type, f"transformers/{cls}"}
-            out.append({"name": f"transformers/{cls}", "source": "transformers", "family": family,
-                        "model_type": model_type, "class": cls, "labels": labels})
-    out += [{"name": f"cnn/{n}", "source": "eagerdecomp.coverage.cnns", "family": "classic CNN", "class": n,
-             "labels": "class"} for n in CNNS]
+            out.append(
+                {
+                    "name": f"transformers/{cls}",
+                    "source": "transformers",
+                    "family": family,
+                    "model_type": model_type,
+                    "class": cls,
+                    "labels": labels,
+                }
+            )
+    out += [
+        {
+            "name": f"cnn/{n}",
+            "source": "eagerdecomp.coverage.cnns",
+            "family": "classic CNN",
+            "class": n,
+            "labels": "class",
+        }
+        for n in CNNS
+    ]
     if only:
         out = [s for s in out if any(o in s["name"] for o in only)]
     return out[:limit] if limit else out
 
 
 # -- one model ------------------------------------------------------------------------------------
+
 
 def _shrunk(config_cls, default):
     """Constructor arguments that make ``default`` (a config) tiny, recursing into sub-configs."""
@@ -139,8 +184,11 @@ def _build(spec):
     errors = []
     # NOTE: some shrink combinations break an architecture's constraints (heads dividing the
     # width, a list per stage); then fewer fields are shrunk, layers last of all
-    for attempt in (kwargs, {k: v for k, v in kwargs.items() if k not in _LISTS},
-                    {k: v for k, v in kwargs.items() if k in SHRINK[4][0] or isinstance(v, dict)}):
+    for attempt in (
+        kwargs,
+        {k: v for k, v in kwargs.items() if k not in _LISTS},
+        {k: v for k, v in kwargs.items() if k in SHRINK[4][0] or isinstance(v, dict)},
+    ):
         try:
             config = config_cls(**attempt)
             with torch.device("meta"):  # sized first: initialising a big model takes a minute
@@ -155,7 +203,11 @@ def _build(spec):
 
 
 def _image_size(config):
-    size = getattr(config, "image_size", None) or getattr(getattr(config, "vision_config", None), "image_size", None) or 224
+    size = (
+        getattr(config, "image_size", None)
+        or getattr(getattr(config, "vision_config", None), "image_size", None)
+        or 224
+    )
     size = size if isinstance(size, (list, tuple)) else (size, size)
     return [int(s) for s in size[-2:]]
 
@@ -189,9 +241,12 @@ def _inputs(model, config, spec, batch=2, seq=16) -> tuple:
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         x["decoder_input_ids"] = torch.randint(3, max(4, min(int(vocab), 1000)), (batch, 8), generator=g)
     family = spec["family"] or {("text",): "text (base model)", ("image",): "vision", ("audio",): "speech"}.get(
-        tuple(kinds), "multimodal")
+        tuple(kinds), "multimodal"
+    )
     for suffix, fields in _TRAITS:
-        if any(isinstance(getattr(c, f, None), int) and getattr(c, f) > 1 for c in (config, text_config) for f in fields):
+        if any(
+            isinstance(getattr(c, f, None), int) and getattr(c, f) > 1 for c in (config, text_config) for f in fields
+        ):
             family += suffix
     return x, family
 
@@ -276,18 +331,30 @@ def record_model(spec) -> dict:
     if spec["labels"] == "ids" and "input_ids" in x and getattr(model, "can_generate", lambda: False)():
         try:
             with RecordingMode() as rec:
-                model.generate(**{k: v for k, v in x.items() if k in ("input_ids", "attention_mask")},
-                               max_new_tokens=4, do_sample=False, pad_token_id=0, bos_token_id=1, decoder_start_token_id=0)
+                model.generate(
+                    **{k: v for k, v in x.items() if k in ("input_ids", "attention_mask")},
+                    max_new_tokens=4,
+                    do_sample=False,
+                    pad_token_id=0,
+                    bos_token_id=1,
+                    decoder_start_token_id=0,
+                )
             phases["generate"] = _counts(rec)
         except Exception as e:  # noqa: BLE001 - the other phases stand; the data says why this one is missing
             notes.append(f"generate: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
     train = set(phases["train"])
     phases = {k: v for k, v in phases.items() if k == "train" or not set(v) <= train}
-    return {"family": family, "params": sum(p.numel() for p in model.parameters()), "notes": notes,
-            "config": {k: v for k, v in shrunk.items() if not isinstance(v, dict)}, "phases": phases}
+    return {
+        "family": family,
+        "params": sum(p.numel() for p in model.parameters()),
+        "notes": notes,
+        "config": {k: v for k, v in shrunk.items() if not isinstance(v, dict)},
+        "phases": phases,
+    }
 
 
 # -- the corpus: forked children with a timeout, a checkpoint, one compact file ------------------
+
 
 def _in_child(spec, timeout: float) -> dict:
     fd, path = tempfile.mkstemp(prefix="eagerdecomp-rec-")
@@ -340,6 +407,7 @@ def record_corpus(output=DATA, limit=None, only=None, timeout: float = 120.0, ch
     not survive a fork.
     """
     import transformers
+
     # NOTE: transformers' model infrastructure takes seconds to import; imported once here,
     # every forked child starts with it (each model's own module is imported in its child)
     import transformers.generation.utils  # noqa: F401
@@ -360,11 +428,16 @@ def record_corpus(output=DATA, limit=None, only=None, timeout: float = 120.0, ch
             if spec["name"] in done:
                 continue
             t0 = time.perf_counter()
-            result = dict(_in_child(spec, timeout), name=spec["name"], spec=spec, seconds=round(time.perf_counter() - t0, 1))
+            result = dict(
+                _in_child(spec, timeout), name=spec["name"], spec=spec, seconds=round(time.perf_counter() - t0, 1)
+            )
             done[spec["name"]] = result
             ck.write(json.dumps(result) + "\n")
             ck.flush()
-            progress(f"[{i}/{len(todo)}] {spec['name']}: {'ok' if 'ok' in result else result['error'][:120]} ({result['seconds']} s)")
+            progress(
+                f"[{i}/{len(todo)}] {spec['name']}: "
+                f"{'ok' if 'ok' in result else result['error'][:120]} ({result['seconds']} s)"
+            )
     data = _compact([done[s["name"]] for s in todo if s["name"] in done], transformers.__version__)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(data, separators=(",", ":")) + "\n")
@@ -383,14 +456,22 @@ def _compact(results: list, transformers_version: str) -> dict:
             continue
         m = r["ok"]
         models[r["name"]] = {
-            "family": m["family"], "source": r["spec"]["source"], "class": r["spec"]["class"], "params": m["params"],
-            "config": m["config"], **({"notes": m["notes"]} if m.get("notes") else {}),
+            "family": m["family"],
+            "source": r["spec"]["source"],
+            "class": r["spec"]["class"],
+            "params": m["params"],
+            "config": m["config"],
+            **({"notes": m["notes"]} if m.get("notes") else {}),
             "phases": {k: [[index[op], n] for op, n in v.items()] for k, v in m["phases"].items()},
         }
     return {
         "format": "eagerdecomp model corpus 1",
         "recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "versions": {"torch": torch.__version__, "transformers": transformers_version, "python": sys.version.split()[0]},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers_version,
+            "python": sys.version.split()[0],
+        },
         "command": "python -m eagerdecomp coverage record",
         "ops": ops,
         "models": models,

@@ -75,7 +75,12 @@ def guarded_map(fn, items: list, workers: int, progress=None) -> dict:
     return results
 
 
-def run_job(job: dict, quiet: bool = False, entry: str = "eagerdecomp.coverage.graph:_serve", what: str = "building the coverage graph") -> dict:
+def run_job(
+    job: dict,
+    quiet: bool = False,
+    entry: str = "eagerdecomp.coverage.graph:_serve",
+    what: str = "building the coverage graph",
+) -> dict:
     """Run ``entry`` (``module:function``) in a fresh Python process with ``job`` (JSON) in
     ``argv[1]``; it writes its JSON answer to the path in ``argv[2]``, which is returned."""
     module, fn = entry.split(":")

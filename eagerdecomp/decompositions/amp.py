@@ -36,7 +36,9 @@ def amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale):
 
 def _times(scale, factor: float):
     # float32 * double, rounded to float32: the kernel's `float *= double`
-    return aten._to_copy.default(aten.mul.Tensor(aten._to_copy.default(scale, dtype=torch.float64), factor), dtype=scale.dtype)
+    return aten._to_copy.default(
+        aten.mul.Tensor(aten._to_copy.default(scale, dtype=torch.float64), factor), dtype=scale.dtype
+    )
 
 
 # NOTE: after an inf/NaN step the scale backs off and the tracker restarts; after

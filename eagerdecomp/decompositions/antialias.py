@@ -90,7 +90,7 @@ def _pass(x, dim, index, weight):
     idx, w = _constants(index, weight, x.dtype, x.device)
     gathered = aten.index_select.default(x, dim, aten.view.default(idx, [-1]))
     shape = list(x.shape)
-    gathered = aten.view.default(gathered, shape[:dim] + [n_out, k] + shape[dim + 1:])
+    gathered = aten.view.default(gathered, shape[:dim] + [n_out, k] + shape[dim + 1 :])
     wshape = [1] * (x.dim() + 1)
     wshape[dim], wshape[dim + 1] = n_out, k
     w = aten.view.default(w, wshape)
@@ -120,7 +120,7 @@ def _resize(self, output_size, align_corners, scales_h, scales_w, kind):
 def _resize_backward(grad_output, output_size, input_size, align_corners, scales_h, scales_w, kind):
     if grad_output.dtype not in (torch.float32, torch.float64):
         return NotImplemented
-    (oh, ow), (n, c, ih, iw) = output_size, input_size
+    (oh, ow), (_, _, ih, iw) = output_size, input_size
     g = grad_output
     for dim, n_in, n_out, scale in ((2, ih, oh, scales_h), (3, iw, ow, scales_w)):
         index, weight = _taps(n_in, n_out, align_corners, scale, kind, g.dtype)
@@ -130,7 +130,7 @@ def _resize_backward(grad_output, output_size, input_size, align_corners, scales
         wshape[dim], wshape[dim + 1] = n_out, k
         contrib = aten.mul.Tensor(aten.unsqueeze.default(g, dim + 1), aten.view.default(w, wshape))
         shape = list(g.shape)
-        contrib = aten.reshape.default(contrib, shape[:dim] + [n_out * k] + shape[dim + 1:])
+        contrib = aten.reshape.default(contrib, shape[:dim] + [n_out * k] + shape[dim + 1 :])
         moved = aten.movedim.int(contrib, dim, 0)
         zeros = aten.full.default([n_in] + list(moved.shape[1:]), 0, dtype=g.dtype, device=g.device)
         g = aten.movedim.int(aten.index_put.default(zeros, [aten.view.default(idx, [-1])], moved, True), 0, dim)
@@ -149,9 +149,13 @@ def upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scale
 
 @project_decomposition(aten._upsample_bilinear2d_aa_backward.default)
 def upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    return _resize_backward(grad_output, list(output_size), list(input_size), align_corners, scales_h, scales_w, "bilinear")
+    return _resize_backward(
+        grad_output, list(output_size), list(input_size), align_corners, scales_h, scales_w, "bilinear"
+    )
 
 
 @project_decomposition(aten._upsample_bicubic2d_aa_backward.default)
 def upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    return _resize_backward(grad_output, list(output_size), list(input_size), align_corners, scales_h, scales_w, "bicubic")
+    return _resize_backward(
+        grad_output, list(output_size), list(input_size), align_corners, scales_h, scales_w, "bicubic"
+    )

@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import torch
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import opmath
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 
@@ -90,7 +90,9 @@ def _check_inputs(name, query, key, value, attn_mask=None):
     )
     torch._check(
         query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point,
-        lambda: f"{name}: query, key and value must share one floating dtype, got {query.dtype}, {key.dtype}, {value.dtype}",
+        lambda: (
+            f"{name}: query, key and value must share one floating dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        ),
     )
     torch._check(
         query.shape[0] == key.shape[0] == value.shape[0],
@@ -234,7 +236,9 @@ def flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=No
 
 
 @project_decomposition(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
+def flash_cpu_backward(
+    grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
     name = "_scaled_dot_product_flash_attention_for_cpu_backward"
     _check_inputs(name, query, key, value, attn_mask)
     torch._check(dropout_p == 0.0, lambda: f"{name}: dropout > 0 is not supported by this kernel")
@@ -261,8 +265,20 @@ def efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, i
 
 @project_decomposition(aten._scaled_dot_product_efficient_attention_backward.default)
 def efficient_backward(
-    grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p, grad_input_mask,
-    is_causal=False, *, scale=None,
+    grad_out,
+    query,
+    key,
+    value,
+    attn_bias,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    dropout_p,
+    grad_input_mask,
+    is_causal=False,
+    *,
+    scale=None,
 ):
     if dropout_p != 0.0 or key.shape[1] != query.shape[1]:
         return NotImplemented
@@ -288,8 +304,22 @@ def flash_cuda(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
 
 @project_decomposition(aten._scaled_dot_product_flash_attention_backward.default)
 def flash_cuda_backward(
-    grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-    philox_seed, philox_offset, *, scale=None,
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
 ):
     # NOTE: cum_seq_q/k are the packed variable-length (nested tensor) layout
     if dropout_p != 0.0 or cum_seq_q is not None or cum_seq_k is not None:
@@ -302,7 +332,15 @@ def flash_cuda_backward(
 
 @project_decomposition(aten._scaled_dot_product_cudnn_attention.default)
 def cudnn(
-    query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+    query,
+    key,
+    value,
+    attn_bias,
+    compute_log_sumexp,
+    dropout_p=0.0,
+    is_causal=False,
+    return_debug_mask=False,
+    *,
     scale=None,
 ):
     if dropout_p != 0.0 or return_debug_mask:
@@ -316,8 +354,23 @@ def cudnn(
 
 @project_decomposition(aten._scaled_dot_product_cudnn_attention_backward.default)
 def cudnn_backward(
-    grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k,
-    max_q, max_k, dropout_p, is_causal, *, scale=None,
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    attn_bias,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    *,
+    scale=None,
 ):
     if dropout_p != 0.0 or cum_seq_q is not None or cum_seq_k is not None:
         return NotImplemented

@@ -10,13 +10,13 @@ conformance suite's float64 gradients. Sums run in the opmath dtype (float32 for
 from __future__ import annotations
 
 import functools
-import math
 import itertools
+import math
 
 import torch
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import cast, opmath
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -47,7 +47,9 @@ _A = -0.75
 
 def _cubic_weights(t):
     def near(x):  # |x| <= 1
-        return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(x, _A + 2), _A + 3), x), x), 1)
+        return aten.add.Tensor(
+            aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(x, _A + 2), _A + 3), x), x), 1
+        )
 
     def far(x):  # 1 < |x| < 2
         inner = aten.add.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(x, _A), 5 * _A), x), 8 * _A)
@@ -63,7 +65,11 @@ def _cubic_source(in_size, out_size, align_corners, scale, dtype, device):
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
     dst = cast(aten.arange.start_step(0, out_size, 1, device=device), dtype)
-    src = aten.mul.Tensor(dst, step) if align_corners else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    src = (
+        aten.mul.Tensor(dst, step)
+        if align_corners
+        else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    )
     floor = aten.floor.default(src)
     base = cast(floor, torch.int64)
     taps = [aten.clamp.default(aten.add.Tensor(base, k - 1), 0, in_size - 1) for k in range(4)]
@@ -75,8 +81,10 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
     acc = opmath(grad_output.dtype)
     grad = cast(grad_output, acc)
     (oh, ow), (ih, iw) = output_size, input_size[2:]
-    rows = [(aten.view.default(i, [oh, 1]), aten.view.default(w, [oh, 1]))
-            for i, w in _cubic_source(ih, oh, align_corners, scales_h, acc, grad.device)]
+    rows = [
+        (aten.view.default(i, [oh, 1]), aten.view.default(w, [oh, 1]))
+        for i, w in _cubic_source(ih, oh, align_corners, scales_h, acc, grad.device)
+    ]
     cols = _cubic_source(iw, ow, align_corners, scales_w, acc, grad.device)
     out = aten.full.default(list(input_size), 0, dtype=acc, device=grad.device)
     for (ri, rw), (ci, cw) in itertools.product(rows, cols):
@@ -95,7 +103,11 @@ def _linear_source(in_size, out_size, align_corners, scale, dtype, device):
     else:
         step = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
     dst = aten._to_copy.default(aten.arange.start_step(0, out_size, 1, device=device), dtype=dtype)
-    src = aten.mul.Tensor(dst, step) if align_corners else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    src = (
+        aten.mul.Tensor(dst, step)
+        if align_corners
+        else aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(dst, 0.5), step), 0.5)
+    )
     src = aten.clamp.default(src, 0.0)
     lo = aten._to_copy.default(src, dtype=torch.int64)
     hi = aten.clamp.default(aten.add.Tensor(lo, 1), None, in_size - 1)
@@ -110,8 +122,12 @@ def _upsample_linear_backward(grad_output, output_size, input_size, align_corner
     corners = []
     for k, (i, o, s) in enumerate(zip(input_size[2:], output_size, scales)):
         shape = [o] + [1] * (d - 1 - k)  # broadcast along this spatial dim only
-        corners.append([(aten.view.default(ix, shape), aten.view.default(w, shape))
-                        for ix, w in _linear_source(i, o, align_corners, s, acc, grad.device)])
+        corners.append(
+            [
+                (aten.view.default(ix, shape), aten.view.default(w, shape))
+                for ix, w in _linear_source(i, o, align_corners, s, acc, grad.device)
+            ]
+        )
     out = aten.full.default(list(input_size), 0, dtype=acc, device=grad.device)
     for pick in itertools.product(*corners):
         weight = functools.reduce(aten.mul.Tensor, [w for _, w in pick])
@@ -130,8 +146,12 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
 
 
 @project_decomposition(aten.upsample_trilinear3d_backward.default)
-def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
-    return _upsample_linear_backward(grad_output, output_size, input_size, align_corners, [scales_d, scales_h, scales_w])
+def upsample_trilinear3d_backward(
+    grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
+    return _upsample_linear_backward(
+        grad_output, output_size, input_size, align_corners, [scales_d, scales_h, scales_w]
+    )
 
 
 # NOTE: the nearest-neighbour upsampling backwards have no decomposition in PyTorch
@@ -218,7 +238,9 @@ def _replication_pad_backward(grad_output, self, padding):
     for k in range(dims):  # padding lists the last dim first: (left, right, top, bottom, ...)
         d = self.dim() - 1 - k
         left = padding[2 * k]
-        src = aten.clamp.default(aten.sub.Tensor(aten.arange.default(grad_output.shape[d], device=self.device), left), 0, self.shape[d] - 1)
+        src = aten.clamp.default(
+            aten.sub.Tensor(aten.arange.default(grad_output.shape[d], device=self.device), left), 0, self.shape[d] - 1
+        )
         index.insert(0, aten.view.default(src, [grad_output.shape[d]] + [1] * k))
     lead = [None] * (self.dim() - dims)
     out = aten.full.default(list(self.shape), 0, dtype=acc, device=self.device)
@@ -245,7 +267,9 @@ def masked_scatter_backward(grad_output, mask, sizes):
 # NOTE: no decomposition in PyTorch. Both pass the gradient outside [-lambd, lambd].
 def _shrink_backward(grad_out, self, lambd):
     inside = aten.logical_and.default(aten.ge.Scalar(self, -lambd), aten.le.Scalar(self, lambd))
-    return aten.where.self(inside, aten.scalar_tensor.default(0, dtype=grad_out.dtype, device=grad_out.device), grad_out)
+    return aten.where.self(
+        inside, aten.scalar_tensor.default(0, dtype=grad_out.dtype, device=grad_out.device), grad_out
+    )
 
 
 @project_decomposition(aten.hardshrink_backward.default)
@@ -266,6 +290,7 @@ def softshrink_backward(grad_output, self, lambd):
 # its window, and the backward is its transpose: one einsum (bmm: core ops) of grad_output
 # with the three matrices. divisor_override replaces the product by one constant.
 
+
 def _window(n_out, n_in, lo, hi, size, dtype, device):
     """[n_out, n_in]: 1/size[i] (or 1, size None) where lo[i] <= j < hi[i]; lo/hi/size are
     functions of the output positions i (an int64 [n_out, 1] tensor)."""
@@ -280,8 +305,11 @@ def _apply_windows(grad_output, self, mats):
     acc = opmath(self.dtype)
     grad = torch.einsum("...dhw,dD,hH,wW->...DHW", cast(grad_output, acc), *mats)
     grad = cast(grad, self.dtype)
-    fmt = torch.channels_last_3d if self.dim() == 5 and self.is_contiguous(memory_format=torch.channels_last_3d) \
-        and not self.is_contiguous() else torch.contiguous_format
+    fmt = (
+        torch.channels_last_3d
+        if self.dim() == 5 and self.is_contiguous(memory_format=torch.channels_last_3d) and not self.is_contiguous()
+        else torch.contiguous_format
+    )
     return aten.clone.default(grad, memory_format=fmt)
 
 
@@ -296,13 +324,19 @@ def adaptive_avg_pool3d_backward(grad_output, self):
     mats = []
     for n_out, n_in in zip(grad_output.shape[-3:], self.shape[-3:]):
         lo = lambda i, n_in=n_in, n_out=n_out: _floordiv(aten.mul.Tensor(i, n_in), n_out)  # noqa: E731
-        hi = lambda i, n_in=n_in, n_out=n_out: _floordiv(aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 1), n_in), n_out - 1), n_out)  # noqa: E731
-        mats.append(_window(n_out, n_in, lo, hi, lambda i, lo=lo, hi=hi: aten.sub.Tensor(hi(i), lo(i)), acc, self.device))
+        hi = lambda i, n_in=n_in, n_out=n_out: _floordiv(
+            aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 1), n_in), n_out - 1), n_out
+        )  # noqa: E731
+        mats.append(
+            _window(n_out, n_in, lo, hi, lambda i, lo=lo, hi=hi: aten.sub.Tensor(hi(i), lo(i)), acc, self.device)
+        )
     return _apply_windows(grad_output, self, mats)
 
 
 @project_decomposition(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None
+):
     kernel_size = list(kernel_size) * (3 if len(kernel_size) == 1 else 1)
     stride = (list(stride) * (3 if len(stride) == 1 else 1)) if stride else kernel_size
     padding = list(padding) * (3 if len(padding) == 1 else 1)
@@ -310,7 +344,9 @@ def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
     mats = []
     for n_out, n_in, k, s, p in zip(grad_output.shape[-3:], self.shape[-3:], kernel_size, stride, padding):
         start = lambda i, s=s, p=p: aten.sub.Tensor(aten.mul.Tensor(i, s), p)  # noqa: E731
-        end = lambda i, start=start, k=k, n_in=n_in, p=p: aten.clamp.default(aten.add.Tensor(start(i), k), None, n_in + p)  # noqa: E731
+        end = lambda i, start=start, k=k, n_in=n_in, p=p: aten.clamp.default(
+            aten.add.Tensor(start(i), k), None, n_in + p
+        )  # noqa: E731
         lo = lambda i, start=start: aten.clamp.default(start(i), 0)  # noqa: E731
         hi = lambda i, end=end, n_in=n_in: aten.clamp.default(end(i), None, n_in)  # noqa: E731
         if divisor_override:
@@ -331,6 +367,7 @@ def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
 # 0 where dist == 0; inf: sign(diff) where |diff| == dist; each times the pair's grad, summed
 # over the partners. Evaluated on all pairs at once ([..., P, R, M] differences).
 
+
 def _distance_grad(diff, dist, grad, p):
     """diff [..., P, R, M], dist/grad [..., P, R, 1] -> the per-pair terms [..., P, R, M]."""
     zero = aten.zeros_like.default(diff)
@@ -345,13 +382,19 @@ def _distance_grad(diff, dist, grad, p):
     if p == 2:
         out = aten.div.Tensor(aten.mul.Tensor(diff, grad), dist)
     elif p < 2:
-        out = aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sign.default(diff), aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 1)), grad),
-                              aten.pow.Tensor_Scalar(dist, p - 1))
+        out = aten.div.Tensor(
+            aten.mul.Tensor(
+                aten.mul.Tensor(aten.sign.default(diff), aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 1)), grad
+            ),
+            aten.pow.Tensor_Scalar(dist, p - 1),
+        )
         if p < 1:
             nil = aten.logical_or.default(nil, aten.eq.Scalar(diff, 0.0))
     else:
-        out = aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(diff, aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 2)), grad),
-                              aten.pow.Tensor_Scalar(dist, p - 1))
+        out = aten.div.Tensor(
+            aten.mul.Tensor(aten.mul.Tensor(diff, aten.pow.Tensor_Scalar(aten.abs.default(diff), p - 2)), grad),
+            aten.pow.Tensor_Scalar(dist, p - 1),
+        )
     return aten.where.self(nil, zero, out)
 
 
@@ -380,9 +423,11 @@ def pdist_backward(grad, self, p, pdist):
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]  # pdist's condensed order
     rows = torch.tensor([i for i, _ in pairs] + [j for _, j in pairs], dtype=torch.int64, device=self.device)
     cols = torch.tensor([j for _, j in pairs] + [i for i, _ in pairs], dtype=torch.int64, device=self.device)
+
     def square(v):  # condensed [n(n-1)/2] -> symmetric [n, n, 1], diagonal 0
         full = aten.full.default([n, n], 0, dtype=v.dtype, device=v.device)
         return aten.unsqueeze.default(aten.index_put.default(full, [rows, cols], aten.cat.default([v, v])), -1)
+
     diff = aten.sub.Tensor(aten.unsqueeze.default(self, 1), aten.unsqueeze.default(self, 0))  # [n, n, M]
     terms = _distance_grad(diff, square(pdist), square(grad), float(p))
     return aten.sum.dim_IntList(terms, [1])

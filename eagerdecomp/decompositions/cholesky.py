@@ -87,10 +87,16 @@ def _potf2(A):
         newly = aten.logical_and.default(bad, aten.logical_not.default(failed))
         ok = aten.logical_not.default(aten.logical_or.default(bad, failed))
         root = aten.sqrt.default(aten.where.self(ok, ajj, aten.ones_like.default(ajj)))
-        done = aten.where.self(aten.gt.Scalar(idx, j), aten.div.Tensor(col, aten.unsqueeze.default(root, -1)), aten.unsqueeze.default(root, -1))
+        done = aten.where.self(
+            aten.gt.Scalar(idx, j),
+            aten.div.Tensor(col, aten.unsqueeze.default(root, -1)),
+            aten.unsqueeze.default(root, -1),
+        )
         old = aten.select.int(L, -1, j)
         stop = aten.where.self(aten.eq.Scalar(idx, j), col, old)  # the failing pivot keeps its value
-        new = aten.where.self(aten.unsqueeze.default(ok, -1), done, aten.where.self(aten.unsqueeze.default(newly, -1), stop, old))
+        new = aten.where.self(
+            aten.unsqueeze.default(ok, -1), done, aten.where.self(aten.unsqueeze.default(newly, -1), stop, old)
+        )
         new = aten.where.self(aten.lt.Scalar(idx, j), old, new)
         L = aten.where.self(aten.eq.Scalar(idx, j), aten.unsqueeze.default(new, -1), L)
         info = aten.where.self(newly, aten.full_like.default(info, j + 1), info)

@@ -23,5 +23,7 @@ def conj_physical(self):
         return aten.clone.default(self)
     pairs = aten.view_as_real.default(self)
     signs = aten.scalar_tensor.default(-1.0, dtype=pairs.dtype, device=pairs.device)
-    signs = aten.cat.default([aten.full.default([1], 1.0, dtype=pairs.dtype, device=pairs.device), aten.view.default(signs, [1])])
+    signs = aten.cat.default(
+        [aten.full.default([1], 1.0, dtype=pairs.dtype, device=pairs.device), aten.view.default(signs, [1])]
+    )
     return aten.view_as_complex.default(aten.mul.Tensor(pairs, signs))

@@ -23,12 +23,22 @@ SUM, MEAN, MAX = 0, 1, 2
 # call) differ in length by one. No answer satisfies both, so those calls are declined (a
 # clear error, not a guess).
 @project_decomposition(aten._embedding_bag_forward_only.default)
-def embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, sparse=False,
-                               per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag_forward_only(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     if include_last_offset:
         return NotImplemented
-    return aten._embedding_bag.default(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
-                                       per_sample_weights, include_last_offset, padding_idx)
+    return aten._embedding_bag.default(
+        weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx
+    )
 
 
 # NOTE: the CPU forward's fast sum path leaves offset2bag empty; the backward then rebuilds it
@@ -67,13 +77,35 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 
 
 @project_decomposition(aten._embedding_bag_backward.default)
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights=None, padding_idx=-1):
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     if sparse:
         return NotImplemented  # a sparse gradient: outside Core ATen's strided tensors
     offset2bag = _offset2bag(indices, offsets, offset2bag, grad.shape[0])
-    return aten._embedding_bag_dense_backward.default(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                                      scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return aten._embedding_bag_dense_backward.default(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 # NOTE: the dense gradient. Max mode adds each bag's gradient at the rows its maxima came
@@ -83,15 +115,27 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
 # at the sorted indices' position g for the g-th distinct index (not at the index itself,
 # as its name suggests); kept, so the gradient is eager's.
 @project_decomposition(aten._embedding_bag_dense_backward.default)
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights=None, padding_idx=-1):
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     d = grad.shape[1]
     out = aten.full.default([num_weights, d], 0, dtype=grad.dtype, device=grad.device)
     if mode == MAX:
         keep = aten.unsqueeze.default(aten.ne.Scalar(bag_size, 0), 1)
         rows = aten.where.self(keep, maximum_indices, aten.zeros_like.default(maximum_indices))
         values = aten.where.self(keep, grad, aten.zeros_like.default(grad))
-        cols = aten.expand.default(aten.unsqueeze.default(aten.arange.default(d, device=grad.device), 0), list(rows.shape))
+        cols = aten.expand.default(
+            aten.unsqueeze.default(aten.arange.default(d, device=grad.device), 0), list(rows.shape)
+        )
         return aten.index_put.default(out, [rows, cols], values, True)
     n = indices.shape[0]
     if n == 0:
@@ -101,19 +145,34 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
     if per_sample_weights is not None:
         scale = aten._to_copy.default(per_sample_weights, dtype=torch.float64)
     if scale_grad_by_freq:
-        counts = aten.index_put.default(aten.full.default([num_weights], 0, dtype=torch.int64, device=grad.device),
-                                        [index], aten.ones_like.default(index), True)
+        counts = aten.index_put.default(
+            aten.full.default([num_weights], 0, dtype=torch.int64, device=grad.device),
+            [index],
+            aten.ones_like.default(index),
+            True,
+        )
         ordered = aten.sort.default(index)[0]
-        starts = aten.cat.default([aten.full.default([1], True, dtype=torch.bool, device=grad.device),
-                                   aten.ne.Tensor(aten.slice.Tensor(ordered, 0, 1), aten.slice.Tensor(ordered, 0, 0, n - 1))])
+        starts = aten.cat.default(
+            [
+                aten.full.default([1], True, dtype=torch.bool, device=grad.device),
+                aten.ne.Tensor(aten.slice.Tensor(ordered, 0, 1), aten.slice.Tensor(ordered, 0, 0, n - 1)),
+            ]
+        )
         rank = aten.sub.Tensor(aten.cumsum.default(starts, 0), 1)  # g for each sorted position
-        per_value = aten.index_put.default(aten.full.default([num_weights], 1, dtype=torch.int64, device=grad.device),
-                                           [ordered], aten.index.Tensor(counts, [aten.index.Tensor(ordered, [rank])]))
-        scale = aten.div.Tensor(scale, aten._to_copy.default(aten.index.Tensor(per_value, [index]), dtype=torch.float64))
+        per_value = aten.index_put.default(
+            aten.full.default([num_weights], 1, dtype=torch.int64, device=grad.device),
+            [ordered],
+            aten.index.Tensor(counts, [aten.index.Tensor(ordered, [rank])]),
+        )
+        scale = aten.div.Tensor(
+            scale, aten._to_copy.default(aten.index.Tensor(per_value, [index]), dtype=torch.float64)
+        )
     if mode == MEAN:
         size = aten._to_copy.default(aten.index.Tensor(bag_size, [offset2bag]), dtype=torch.float64)
         scale = aten.where.self(aten.ne.Scalar(size, 0), aten.div.Tensor(scale, size), scale)
     rows = aten.mul.Tensor(aten.index.Tensor(grad, [offset2bag]), aten.unsqueeze.default(cast(scale, grad.dtype), 1))
     if padding_idx >= 0:
-        rows = aten.where.self(aten.unsqueeze.default(aten.eq.Scalar(index, padding_idx), 1), aten.zeros_like.default(rows), rows)
+        rows = aten.where.self(
+            aten.unsqueeze.default(aten.eq.Scalar(index, padding_idx), 1), aten.zeros_like.default(rows), rows
+        )
     return aten.index_put.default(out, [index], rows, True)

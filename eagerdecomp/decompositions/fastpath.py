@@ -46,13 +46,12 @@ has its NOTE below).
 from __future__ import annotations
 
 import math
-import struct
 
 import torch
 from torch._prims_common import compute_elementwise_output_strides, make_contiguous_strides_for
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import cast, opmath, to_float32
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 
@@ -167,8 +166,10 @@ def masked_softmax(input, mask, dim=None, mask_type=None):
     if kind == 2:
         torch._check(
             tuple(mask.shape) == tuple(input.shape),
-            lambda: f"{name}: a generic mask (type 2) must have the input's shape {list(input.shape)}, "
-            f"got {list(mask.shape)}",
+            lambda: (
+                f"{name}: a generic mask (type 2) must have the input's shape {list(input.shape)}, "
+                f"got {list(mask.shape)}"
+            ),
         )
         drop = mask
     elif kind in (0, 1):
@@ -233,8 +234,10 @@ def _check_mha(query, key, value, D, num_head, qkv_weight, qkv_bias):
     torch._check(key.dim() == 3 and value.dim() == 3, lambda: f"{name}: key and value must be 3-D")
     torch._check(
         tuple(query.shape) == tuple(key.shape) == tuple(value.shape),
-        lambda: f"{name}: query, key and value must have one shape, got "
-        f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}",
+        lambda: (
+            f"{name}: query, key and value must have one shape, got "
+            f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}"
+        ),
     )
     torch._check(
         qkv_weight.dim() == 2 and tuple(qkv_weight.shape) == (3 * D, D),
@@ -249,8 +252,19 @@ def _check_mha(query, key, value, D, num_head, qkv_weight, qkv_bias):
 
 @project_decomposition(aten._native_multi_head_attention.default)
 def native_multi_head_attention(
-    query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask=None,
-    need_weights=True, average_attn_weights=True, mask_type=None,
+    query,
+    key,
+    value,
+    embed_dim,
+    num_head,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    mask=None,
+    need_weights=True,
+    average_attn_weights=True,
+    mask_type=None,
 ):
     if _nested(query, key, value, mask):
         return NotImplemented
@@ -308,9 +322,26 @@ def _ffn(x, w1, b1, w2, b2, use_gelu):
 
 @project_decomposition(aten._transformer_encoder_layer_fwd.default)
 def transformer_encoder_layer_fwd(
-    src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first, eps,
-    norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
-    mask=None, mask_type=None,
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
 ):
     if _nested(src, mask):
         return NotImplemented

@@ -30,8 +30,10 @@ def _starts(sample, n_in, n_out, pool):
     last = aten.full.default(list(sample.shape) + [1], n_in - pool, dtype=torch.int64, device=device)
     if n_out == 1:
         return last
-    alpha = aten.div.Tensor(aten.full.default([], n_in - pool, dtype=dtype, device=device),
-                            aten.full.default([], n_out - 1, dtype=dtype, device=device))
+    alpha = aten.div.Tensor(
+        aten.full.default([], n_in - pool, dtype=dtype, device=device),
+        aten.full.default([], n_out - 1, dtype=dtype, device=device),
+    )
     i = aten._to_copy.default(aten.arange.default(n_out - 1, device=device), dtype=dtype)
     u = aten.unsqueeze.default(sample, -1)
     at = aten._to_copy.default(aten.mul.Tensor(aten.add.Tensor(i, u), alpha), dtype=torch.int64)
@@ -49,18 +51,23 @@ def _fractional_max(self, kernel_size, output_size, random_samples, nd):
     # index tensors broadcast over [B, C, O1, ..., Ond, K1, ..., Knd]
     rank = 2 + 2 * nd
     flat = None
-    index = [aten.view.default(aten.arange.default(b, device=device), [b] + [1] * (rank - 1)),
-             aten.view.default(aten.arange.default(c, device=device), [1, c] + [1] * (rank - 2))]
+    index = [
+        aten.view.default(aten.arange.default(b, device=device), [b] + [1] * (rank - 1)),
+        aten.view.default(aten.arange.default(c, device=device), [1, c] + [1] * (rank - 2)),
+    ]
     for d in range(nd):
         start = _starts(aten.select.int(samples, 2, _SAMPLE[nd][d]), spatial[d], output_size[d], kernel_size[d])
         shape = [b, c] + [1] * (2 * nd)
         shape[2 + d] = output_size[d]
         k_shape = [1] * rank
         k_shape[2 + nd + d] = kernel_size[d]
-        pos = aten.add.Tensor(aten.view.default(start, shape), aten.view.default(aten.arange.default(kernel_size[d], device=device), k_shape))
+        pos = aten.add.Tensor(
+            aten.view.default(start, shape),
+            aten.view.default(aten.arange.default(kernel_size[d], device=device), k_shape),
+        )
         index.append(pos)
         stride = 1
-        for n in spatial[d + 1:]:
+        for n in spatial[d + 1 :]:
             stride *= n
         flat = aten.mul.Tensor(pos, stride) if flat is None else aten.add.Tensor(flat, aten.mul.Tensor(pos, stride))
     values = aten.index.Tensor(x, index)

@@ -139,7 +139,9 @@ def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding
     grad_in = aten.full.default([input.shape[0], *sizes, input.shape[1]], 0, dtype=input.dtype, device=input.device)
     if interpolation_mode == NEAREST:
         _, mask, idx = _corner(values, n, _rounded(coords), sizes)
-        grad_in = aten.index_put.default(grad_in, [n, *idx], aten.where.self(mask, g_out, aten.zeros_like.default(g_out)), True)
+        grad_in = aten.index_put.default(
+            grad_in, [n, *idx], aten.where.self(mask, g_out, aten.zeros_like.default(g_out)), True
+        )
         grad_grid = aten.zeros_like.default(grid, memory_format=torch.contiguous_format)
     else:
         grads = [None] * nd
@@ -147,14 +149,18 @@ def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding
             val, mask, clamped = _corner(values, n, idx, sizes)
             if output_mask[0]:
                 contrib = aten.mul.Tensor(g_out, aten.unsqueeze.default(weight, -1))
-                grad_in = aten.index_put.default(grad_in, [n, *clamped], aten.where.self(mask, contrib, aten.zeros_like.default(contrib)), True)
+                grad_in = aten.index_put.default(
+                    grad_in, [n, *clamped], aten.where.self(mask, contrib, aten.zeros_like.default(contrib)), True
+                )
             dot = aten.sum.dim_IntList(aten.mul.Tensor(val, g_out), [-1])  # over channels
             for d in range(nd):
                 t = aten.mul.Tensor(dot, slopes[d])
                 grads[d] = t if grads[d] is None else aten.add.Tensor(grads[d], t)
         per_dim = [aten.mul.Tensor(grads[d], coords[d][1]) for d in range(nd)]
         grad_grid = aten.stack.default(per_dim[::-1], -1)  # x first
-    grad_input = aten.clone.default(aten.permute.default(grad_in, [0, nd + 1, *range(1, nd + 1)]), memory_format=torch.contiguous_format)
+    grad_input = aten.clone.default(
+        aten.permute.default(grad_in, [0, nd + 1, *range(1, nd + 1)]), memory_format=torch.contiguous_format
+    )
     return (grad_input if output_mask[0] else None), grad_grid
 
 

@@ -57,6 +57,7 @@ def _estimate(x, first, last, nbins):
     first, last 0-dim). 16-bit types: float operations rounded to the type after each one."""
     dtype = x.dtype
     if dtype in _HALF:
+
         def r(v):
             return _cast(_cast(v, dtype), _F32)
 
@@ -86,7 +87,9 @@ def _local_search(x, edges, pos):
         live = aten.gt.Scalar(length, 0)
         right = aten.logical_and.default(live, aten.logical_not.default(go_left))
         first = aten.where.self(right, aten.add.Tensor(middle, 1), first)
-        length = aten.where.self(live, aten.where.self(go_left, half, aten.sub.Tensor(aten.sub.Tensor(length, half), 1)), length)
+        length = aten.where.self(
+            live, aten.where.self(go_left, half, aten.sub.Tensor(aten.sub.Tensor(length, half), 1)), length
+        )
     return aten.sub.Tensor(first, 1)
 
 
@@ -144,7 +147,9 @@ def _outer_edges(rows, bins, range_):
     d = rows.shape[1]
     if range_ is not None:
         if len(range_) != 2 * d:
-            raise RuntimeError(f"torch.histogramdd: for a {d}-dimensional histogram range should have {2 * d} elements, but got {len(range_)}")
+            raise RuntimeError(
+                f"torch.histogramdd: for a {d}-dimensional histogram range should have {2 * d} elements, but got {len(range_)}"  # noqa: E501 (eager's message, kept greppable)
+            )
         lo, hi = [float(v) for v in range_[0::2]], [float(v) for v in range_[1::2]]
     elif rows.shape[0] > 0:
         lo = [float(_item(aten.amin.default(aten.select.int(rows, 1, k), []))) for k in range(d)]
@@ -155,7 +160,9 @@ def _outer_edges(rows, bins, range_):
         if not (math.isfinite(lo[k]) and math.isfinite(hi[k])):
             raise RuntimeError(f"torch.histogramdd: dimension {k}'s range [{lo[k]}, {hi[k]}] is not finite")
         if not lo[k] <= hi[k]:
-            raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min {lo[k]} max {hi[k]} for dimension {k}")
+            raise RuntimeError(
+                f"torch.histogramdd: min should not exceed max, but got min {lo[k]} max {hi[k]} for dimension {k}"
+            )
         if lo[k] == hi[k]:
             lo[k], hi[k] = lo[k] - 0.5, hi[k] + 0.5
     for k, b in enumerate(bins):
@@ -293,7 +300,9 @@ def _histc_int(self, bins, min, max):
         lo, hi = lo - 1, hi + 1
     if not lo < hi:
         raise RuntimeError("torch.histc: max must be larger than min")
-    flat = aten._to_copy.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]), dtype=torch.int64)
+    flat = aten._to_copy.default(
+        aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]), dtype=torch.int64
+    )
     inside = aten.logical_and.default(aten.ge.Scalar(flat, lo), aten.le.Scalar(flat, hi))
     pos = aten.div.Tensor_mode(aten.mul.Tensor(aten.sub.Tensor(flat, lo), bins), hi - lo, rounding_mode="trunc")
     pos = aten.clamp.default(aten.where.self(inside, pos, aten.zeros_like.default(pos)), 0, bins - 1)
@@ -311,8 +320,17 @@ def _histc_int(self, bins, min, max):
 def histogram_bin_ct_out(self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges):
     if range is not None or self.numel() == 0:
         return NotImplemented
-    return out_variant(aten.histogram.bin_ct_out, aten.histogram.bin_ct, self, bins, range=range, weight=weight,
-                density=density, hist=hist, bin_edges=bin_edges)
+    return out_variant(
+        aten.histogram.bin_ct_out,
+        aten.histogram.bin_ct,
+        self,
+        bins,
+        range=range,
+        weight=weight,
+        density=density,
+        hist=hist,
+        bin_edges=bin_edges,
+    )
 
 
 @project_decomposition(aten.histogram.bins_tensor_out)

@@ -41,16 +41,22 @@ def _geqr2(A):
         beta = aten.where.self(aten.ge.Scalar(alpha, 0), aten.neg.default(size), size)
         beta = aten.where.self(zero, alpha, beta)
         safe_beta = aten.where.self(zero, aten.ones_like.default(beta), beta)
-        tau = aten.where.self(zero, aten.zeros_like.default(beta), aten.div.Tensor(aten.sub.Tensor(beta, alpha), safe_beta))
+        tau = aten.where.self(
+            zero, aten.zeros_like.default(beta), aten.div.Tensor(aten.sub.Tensor(beta, alpha), safe_beta)
+        )
         gap = aten.where.self(zero, aten.ones_like.default(beta), aten.sub.Tensor(alpha, beta))
-        below = aten.mul.Tensor(x, aten.unsqueeze.default(aten.reciprocal.default(gap), -1))  # dscal by 1/(alpha - beta)
+        below = aten.mul.Tensor(
+            x, aten.unsqueeze.default(aten.reciprocal.default(gap), -1)
+        )  # dscal by 1/(alpha - beta)
         v = aten.where.self(aten.eq.Scalar(r, i), aten.ones_like.default(col), below)  # zero above i (x is)
         # H applied to the columns after i: A -= tau v (v^T A)
         w = aten.matmul.default(aten.unsqueeze.default(v, -2), A)  # [..., 1, n]
         w = aten.where.self(aten.gt.Scalar(c, i), w, aten.zeros_like.default(w))
         update = aten.mul.Tensor(aten.unsqueeze.default(aten.mul.Tensor(v, aten.unsqueeze.default(tau, -1)), -1), w)
         A = aten.sub.Tensor(A, update)
-        newcol = aten.where.self(aten.eq.Scalar(r, i), aten.unsqueeze.default(beta, -1), aten.where.self(aten.gt.Scalar(r, i), below, col))
+        newcol = aten.where.self(
+            aten.eq.Scalar(r, i), aten.unsqueeze.default(beta, -1), aten.where.self(aten.gt.Scalar(r, i), below, col)
+        )
         A = aten.where.self(aten.eq.Scalar(c, i), aten.unsqueeze.default(newcol, -1), A)
         taus.append(aten.unsqueeze.default(tau, -1))
     tau = aten.cat.default(taus, -1) if taus else aten.full.default([*batch, 0], 0, dtype=A.dtype, device=A.device)
@@ -61,19 +67,31 @@ def _reflector(V, i):
     """v_i of the compact form: 1 at row i, V's column i below it, 0 above."""
     r = _arange(V.shape[-2], V)
     col = aten.select.int(V, -1, i)
-    return aten.where.self(aten.eq.Scalar(r, i), aten.ones_like.default(col), aten.where.self(aten.gt.Scalar(r, i), col, aten.zeros_like.default(col)))
+    return aten.where.self(
+        aten.eq.Scalar(r, i),
+        aten.ones_like.default(col),
+        aten.where.self(aten.gt.Scalar(r, i), col, aten.zeros_like.default(col)),
+    )
 
 
 def _apply_left(C, v, tau):
     """``H C`` with ``H = I - tau v v^T``."""
     w = aten.matmul.default(aten.unsqueeze.default(v, -2), C)  # [..., 1, k]
-    return aten.sub.Tensor(C, aten.mul.Tensor(aten.unsqueeze.default(aten.mul.Tensor(v, aten.unsqueeze.default(tau, -1)), -1), w))
+    return aten.sub.Tensor(
+        C, aten.mul.Tensor(aten.unsqueeze.default(aten.mul.Tensor(v, aten.unsqueeze.default(tau, -1)), -1), w)
+    )
 
 
 def _apply_right(C, v, tau):
     """``C H``."""
     w = aten.matmul.default(C, aten.unsqueeze.default(v, -1))  # [..., m, 1]
-    return aten.sub.Tensor(C, aten.mul.Tensor(aten.mul.Tensor(w, aten.unsqueeze.default(aten.unsqueeze.default(tau, -1), -1)), aten.unsqueeze.default(v, -2)))
+    return aten.sub.Tensor(
+        C,
+        aten.mul.Tensor(
+            aten.mul.Tensor(w, aten.unsqueeze.default(aten.unsqueeze.default(tau, -1), -1)),
+            aten.unsqueeze.default(v, -2),
+        ),
+    )
 
 
 def _orgqr(V, tau, ncols):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from eagerdecomp.ops.overlap import guard, storage_positions
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.overlap import guard, storage_positions
 from eagerdecomp.ops.variants import resize_out
 
 aten = torch.ops.aten
@@ -92,7 +92,9 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     if self.dim() == 0:  # a scalar is its own slice 0: reduce as a [1] tensor
         if source.dim() != 0 or dim not in (0, -1):
             return NotImplemented
-        one = index_reduce(aten.view.default(self, [1]), 0, index, aten.view.default(source, [1]), reduce, include_self=include_self)
+        one = index_reduce(
+            aten.view.default(self, [1]), 0, index, aten.view.default(source, [1]), reduce, include_self=include_self
+        )
         return aten.view.default(one, [])
     dim = dim % self.dim()
     if index.dtype != torch.int64:
@@ -194,7 +196,9 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
         storage = aten.index_put.default(fresh, [where], aten.reshape.default(self, [-1]))
     if 0 not in size:
         values = aten.reshape.default(aten._to_copy.default(src, dtype=self.dtype), [-1])
-        storage = aten.index_put.default(storage, [aten.reshape.default(storage_positions(size, stride, offset, self.device), [-1])], values)
+        storage = aten.index_put.default(
+            storage, [aten.reshape.default(storage_positions(size, stride, offset, self.device), [-1])], values
+        )
     else:
         storage = aten.clone.default(storage)  # (a fresh result even when nothing is written)
     return aten.as_strided.default(storage, list(self.shape), list(self.stride()), start)
@@ -220,7 +224,9 @@ def select_int(self, dim, index):
     dim = dim % self.dim()
     size = self.shape[dim]
     if not -size <= index < size:
-        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}")
+        raise IndexError(
+            f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}"
+        )
     index = index % size
     sizes = [n for d, n in enumerate(self.shape) if d != dim]
     strides = [st for d, st in enumerate(self.stride()) if d != dim]

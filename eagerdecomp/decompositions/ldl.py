@@ -70,15 +70,23 @@ def _sytf2(A):
         else:
             imax = aten.full.default([*batch, 1], k, dtype=torch.int64, device=A.device)
             colmax = aten.zeros_like.default(absakk)
-        zero = aten.logical_or.default(aten.eq.Scalar(aten.maximum.default(absakk, colmax), 0), aten.isnan.default(absakk))
-        row = aten.abs.default(aten.squeeze.dim(aten.gather.default(W, -2, aten.expand.default(aten.unsqueeze.default(imax, -1), [*batch, 1, n])), -2))
+        zero = aten.logical_or.default(
+            aten.eq.Scalar(aten.maximum.default(absakk, colmax), 0), aten.isnan.default(absakk)
+        )
+        row = aten.abs.default(
+            aten.squeeze.dim(
+                aten.gather.default(W, -2, aten.expand.default(aten.unsqueeze.default(imax, -1), [*batch, 1, n])), -2
+            )
+        )
         off = aten.logical_and.default(aten.ge.Scalar(idx, k), aten.ne.Tensor(idx, imax))
         rowmax = aten.amax.default(aten.where.self(off, row, aten.zeros_like.default(row)), [-1])
-        diag_imax = aten.squeeze.dim(aten.gather.default(aten.abs.default(aten.diagonal.default(W, 0, -2, -1)), -1, imax), -1)
+        diag_imax = aten.squeeze.dim(
+            aten.gather.default(aten.abs.default(aten.diagonal.default(W, 0, -2, -1)), -1, imax), -1
+        )
         acol = aten.mul.Scalar(colmax, _ALPHA)
         no_swap = aten.logical_or.default(
-            aten.ge.Tensor(absakk, acol),
-            aten.ge.Tensor(absakk, aten.mul.Tensor(acol, aten.div.Tensor(colmax, rowmax))))
+            aten.ge.Tensor(absakk, acol), aten.ge.Tensor(absakk, aten.mul.Tensor(acol, aten.div.Tensor(colmax, rowmax)))
+        )
         one_swap = aten.ge.Tensor(diag_imax, aten.mul.Scalar(rowmax, _ALPHA))
         no_swap = aten.logical_or.default(no_swap, zero)
         two = aten.logical_and.default(active, aten.logical_not.default(aten.logical_or.default(no_swap, one_swap)))
@@ -99,7 +107,11 @@ def _sytf2(A):
         dx = aten.mul.Tensor(x, aten.unsqueeze.default(d11, -1))
         W1 = aten.sub.Tensor(W, aten.mul.Tensor(aten.unsqueeze.default(x, -1), aten.unsqueeze.default(dx, -2)))
         W1 = aten.where.self(aten.logical_and.default(aten.gt.Scalar(rows, k), aten.gt.Scalar(cols, k)), W1, W)
-        W1 = aten.where.self(aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k)), aten.unsqueeze.default(dx, -1), W1)
+        W1 = aten.where.self(
+            aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k)),
+            aten.unsqueeze.default(dx, -1),
+            W1,
+        )
         if k < n - 1:  # 2x2 on columns k, k+1
             c0, c1 = _col(W, k), _col(W, k + 1)
             d21 = _at(c0, k + 1)
@@ -114,11 +126,23 @@ def _sytf2(A):
             a1 = aten.where.self(below, c1, aten.zeros_like.default(c1))
             wk = aten.mul.Tensor(f21, aten.sub.Tensor(aten.mul.Tensor(e11, a0), a1))
             wkp1 = aten.mul.Tensor(f21, aten.sub.Tensor(aten.mul.Tensor(e22, a1), a0))
-            W2 = aten.sub.Tensor(aten.sub.Tensor(W, aten.mul.Tensor(aten.unsqueeze.default(a0, -1), aten.unsqueeze.default(wk, -2))),
-                                 aten.mul.Tensor(aten.unsqueeze.default(a1, -1), aten.unsqueeze.default(wkp1, -2)))
-            W2 = aten.where.self(aten.logical_and.default(aten.gt.Scalar(rows, k + 1), aten.gt.Scalar(cols, k + 1)), W2, W)
-            W2 = aten.where.self(aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k + 1)), aten.unsqueeze.default(wk, -1), W2)
-            W2 = aten.where.self(aten.logical_and.default(aten.eq.Scalar(cols, k + 1), aten.gt.Scalar(rows, k + 1)), aten.unsqueeze.default(wkp1, -1), W2)
+            W2 = aten.sub.Tensor(
+                aten.sub.Tensor(W, aten.mul.Tensor(aten.unsqueeze.default(a0, -1), aten.unsqueeze.default(wk, -2))),
+                aten.mul.Tensor(aten.unsqueeze.default(a1, -1), aten.unsqueeze.default(wkp1, -2)),
+            )
+            W2 = aten.where.self(
+                aten.logical_and.default(aten.gt.Scalar(rows, k + 1), aten.gt.Scalar(cols, k + 1)), W2, W
+            )
+            W2 = aten.where.self(
+                aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k + 1)),
+                aten.unsqueeze.default(wk, -1),
+                W2,
+            )
+            W2 = aten.where.self(
+                aten.logical_and.default(aten.eq.Scalar(cols, k + 1), aten.gt.Scalar(rows, k + 1)),
+                aten.unsqueeze.default(wkp1, -1),
+                W2,
+            )
             W = aten.where.self(bview(two), W2, aten.where.self(bview(one), W1, W))
         else:
             W = aten.where.self(bview(one), W1, W)
@@ -126,9 +150,17 @@ def _sytf2(A):
         kp1 = aten.add.Scalar(aten.squeeze.dim(kp, -1), 1)
         piv = aten.where.self(two, aten.neg.default(kp1), kp1)
         pivots.append(aten.where.self(skip, pending, piv))
-        info = aten.where.self(aten.logical_and.default(aten.logical_and.default(active, zero), aten.eq.Scalar(info, 0)), aten.full_like.default(info, k + 1), info)
+        info = aten.where.self(
+            aten.logical_and.default(aten.logical_and.default(active, zero), aten.eq.Scalar(info, 0)),
+            aten.full_like.default(info, k + 1),
+            info,
+        )
         pending, skip = aten.neg.default(kp1), two
-    piv = aten._to_copy.default(aten.stack.default(pivots, -1), dtype=torch.int32) if n else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
+    piv = (
+        aten._to_copy.default(aten.stack.default(pivots, -1), dtype=torch.int32)
+        if n
+        else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
+    )
     return aten.tril.default(W), piv, info
 
 
@@ -139,7 +171,9 @@ def linalg_ldl_factor_ex(A, *, hermitian=False, check_errors=False):
     LD, piv, info = _sytf2(A)
     if check_errors:
         aten._linalg_check_errors.default(info, "torch.linalg.ldl_factor_ex", is_matrix=A.dim() == 2)
-        LD = aten.transpose.int(aten.clone.default(aten.transpose.int(LD, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+        LD = aten.transpose.int(
+            aten.clone.default(aten.transpose.int(LD, -2, -1), memory_format=torch.contiguous_format), -2, -1
+        )
     return LD, piv, info
 
 
@@ -168,10 +202,16 @@ def _sytrs(LD, piv, B):
 
     def minus_col(B, k, rows_from, src):  # B[i] -= L[i, k] * B[src] for i >= rows_from
         l = aten.where.self(aten.ge.Scalar(idx, rows_from), _col(LD, k), aten.zeros_like.default(_col(LD, k)))
-        return aten.sub.Tensor(B, aten.mul.Tensor(aten.unsqueeze.default(l, -1), aten.unsqueeze.default(aten.select.int(B, -2, src), -2)))
+        return aten.sub.Tensor(
+            B, aten.mul.Tensor(aten.unsqueeze.default(l, -1), aten.unsqueeze.default(aten.select.int(B, -2, src), -2))
+        )
 
     def put_row(B, k, row, mask):
-        return aten.where.self(aten.logical_and.default(aten.unsqueeze.default(aten.eq.Scalar(idx, k), -1), bview(mask)), aten.unsqueeze.default(row, -2), B)
+        return aten.where.self(
+            aten.logical_and.default(aten.unsqueeze.default(aten.eq.Scalar(idx, k), -1), bview(mask)),
+            aten.unsqueeze.default(row, -2),
+            B,
+        )
 
     for k in range(n):  # L D Y = P^T B
         kp = aten.sub.Scalar(aten.abs.default(aten.slice.Tensor(piv, -1, k, k + 1)), 1)  # [..., 1]
@@ -179,7 +219,14 @@ def _sytrs(LD, piv, B):
         two = first[k]
         B1 = _swap_rows(B, aten.full_like.default(kp, k), kp)
         B1 = minus_col(B1, k, k + 1, k)
-        B1 = put_row(B1, k, aten.mul.Tensor(aten.select.int(B1, -2, k), aten.unsqueeze.default(aten.reciprocal.default(_at(_col(LD, k), k)), -1)), one)
+        B1 = put_row(
+            B1,
+            k,
+            aten.mul.Tensor(
+                aten.select.int(B1, -2, k), aten.unsqueeze.default(aten.reciprocal.default(_at(_col(LD, k), k)), -1)
+            ),
+            one,
+        )
         if k < n - 1:
             B2 = _swap_rows(B, aten.full_like.default(kp, k + 1), kp)
             B2 = minus_col(B2, k, k + 2, k)

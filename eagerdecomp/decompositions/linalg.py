@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from eagerdecomp.ops.overlap import guard
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.overlap import guard
 from eagerdecomp.ops.variants import resize_out
 
 aten = torch.ops.aten
@@ -44,22 +44,41 @@ def _lu(A):
         column = aten.abs.default(aten.select.int(A, -1, k))  # [..., m]
         column = aten.where.self(aten.lt.Scalar(idx, k), aten.full_like.default(column, -1), column)
         p = aten.argmax.default(column, -1, True)  # [..., 1]: the first largest, rows >= k
-        swap = aten.where.self(aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx))
+        swap = aten.where.self(
+            aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx)
+        )
         A = aten.gather.default(A, -2, aten.expand.default(aten.unsqueeze.default(swap, -1), [*batch, m, n]))
         pivots.append(aten.add.Tensor(p, 1))
         sign = aten.where.self(aten.squeeze.dim(aten.eq.Scalar(p, k), -1), sign, aten.neg.default(sign))
         pivot = aten.select.int(aten.select.int(A, -1, k), -1, k)  # [...]
         zero = aten.eq.Scalar(pivot, 0)
-        info = aten.where.self(aten.logical_and.default(zero, aten.eq.Scalar(info, 0)), aten.full_like.default(info, k + 1), info)
+        info = aten.where.self(
+            aten.logical_and.default(zero, aten.eq.Scalar(info, 0)), aten.full_like.default(info, k + 1), info
+        )
         below = aten.gt.Scalar(idx, k)
-        l = aten.div.Tensor(aten.select.int(A, -1, k), aten.unsqueeze.default(aten.where.self(zero, aten.ones_like.default(pivot), pivot), -1))
-        l = aten.where.self(aten.logical_and.default(below, aten.logical_not.default(aten.unsqueeze.default(zero, -1))), l, aten.zeros_like.default(l))
+        l = aten.div.Tensor(
+            aten.select.int(A, -1, k),
+            aten.unsqueeze.default(aten.where.self(zero, aten.ones_like.default(pivot), pivot), -1),
+        )
+        l = aten.where.self(
+            aten.logical_and.default(below, aten.logical_not.default(aten.unsqueeze.default(zero, -1))),
+            l,
+            aten.zeros_like.default(l),
+        )
         urow = aten.select.int(A, -2, k)
         u = aten.where.self(aten.gt.Scalar(cidx, k), urow, aten.zeros_like.default(urow))
         A = aten.sub.Tensor(A, aten.mul.Tensor(aten.unsqueeze.default(l, -1), aten.unsqueeze.default(u, -2)))
         keep_l = aten.logical_and.default(aten.eq.Scalar(cols, k), aten.gt.Scalar(rows, k))
-        A = aten.where.self(aten.logical_and.default(keep_l, aten.logical_not.default(aten.view.default(zero, [*batch, 1, 1]))), aten.unsqueeze.default(l, -1), A)
-    piv = aten._to_copy.default(aten.cat.default(pivots, -1), dtype=torch.int32) if pivots else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
+        A = aten.where.self(
+            aten.logical_and.default(keep_l, aten.logical_not.default(aten.view.default(zero, [*batch, 1, 1]))),
+            aten.unsqueeze.default(l, -1),
+            A,
+        )
+    piv = (
+        aten._to_copy.default(aten.cat.default(pivots, -1), dtype=torch.int32)
+        if pivots
+        else aten.full.default([*batch, 0], 0, dtype=torch.int32, device=A.device)
+    )
     return A, piv, sign, info
 
 
@@ -105,7 +124,9 @@ def linalg_lu_factor_ex(A, pivot=True, check_errors=False):
     LU, piv, _, info = _lu(A)
     if check_errors:  # reads info (the bypass path): the LU is given eager's strides here
         aten._linalg_check_errors.default(info, "torch.linalg.lu_factor_ex", is_matrix=A.dim() == 2)
-        LU = aten.transpose.int(aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+        LU = aten.transpose.int(
+            aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1
+        )
     return LU, piv, info
 
 
@@ -121,6 +142,7 @@ def _permutation(piv, m, like):
 def _unpack(LU, piv, unpack_data=True, unpack_pivots=True):
     m, n = LU.shape[-2], LU.shape[-1]
     k = min(m, n)
+
     def empty():
         return aten.full.default([0], 0, dtype=LU.dtype, device=LU.device)
 
@@ -159,7 +181,9 @@ def _apply_pivots(B, piv):
     batch = list(B.shape[:-2])
     for k in range(piv.shape[-1]):
         p = aten.sub.Tensor(aten._to_copy.default(aten.slice.Tensor(piv, -1, k, k + 1), dtype=torch.int64), 1)
-        swap = aten.where.self(aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx))
+        swap = aten.where.self(
+            aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx)
+        )
         B = aten.gather.default(B, -2, aten.expand.default(aten.unsqueeze.default(swap, -1), [*batch, n, B.shape[-1]]))
     return B
 
@@ -174,7 +198,9 @@ def _substitute(LU, B, lower, unit=None):
     order = range(n) if lower else range(n - 1, -1, -1)
     for i in order:
         row = aten.select.int(LU, -2, i)  # [..., n]
-        coeff = aten.where.self(aten.lt.Scalar(idx, i) if lower else aten.gt.Scalar(idx, i), row, aten.zeros_like.default(row))
+        coeff = aten.where.self(
+            aten.lt.Scalar(idx, i) if lower else aten.gt.Scalar(idx, i), row, aten.zeros_like.default(row)
+        )
         acc = aten.squeeze.dim(aten.matmul.default(aten.unsqueeze.default(coeff, -2), X), -2)  # [..., k]
         x = aten.sub.Tensor(aten.select.int(B, -2, i), acc)
         if not unit:
@@ -190,7 +216,9 @@ def _unpivot(X, piv):
     batch = list(X.shape[:-2])
     for k in range(piv.shape[-1] - 1, -1, -1):
         p = aten.sub.Tensor(aten._to_copy.default(aten.slice.Tensor(piv, -1, k, k + 1), dtype=torch.int64), 1)
-        swap = aten.where.self(aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx))
+        swap = aten.where.self(
+            aten.eq.Scalar(idx, k), p, aten.where.self(aten.eq.Tensor(idx, p), aten.full_like.default(p, k), idx)
+        )
         X = aten.gather.default(X, -2, aten.expand.default(aten.unsqueeze.default(swap, -1), [*batch, n, X.shape[-1]]))
     return X
 
@@ -237,9 +265,13 @@ def linalg_solve_ex(A, B, *, left=True, check_errors=False):
     X = linalg_lu_solve(LU, piv, Bm, left=left)
     X = aten.squeeze.dim(X, -1 if left else -2) if vector else X
     if check_errors:  # the bypass path: eager's strides given here
-        LU = aten.transpose.int(aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+        LU = aten.transpose.int(
+            aten.clone.default(aten.transpose.int(LU, -2, -1), memory_format=torch.contiguous_format), -2, -1
+        )
         if left and not vector:
-            X = aten.transpose.int(aten.clone.default(aten.transpose.int(X, -2, -1), memory_format=torch.contiguous_format), -2, -1)
+            X = aten.transpose.int(
+                aten.clone.default(aten.transpose.int(X, -2, -1), memory_format=torch.contiguous_format), -2, -1
+            )
     return X, LU, piv, info
 
 
@@ -259,10 +291,22 @@ def linalg_inv_ex(A, *, check_errors=False):
 # chosen by the API name as _linalg_check_errors does.
 _LinAlg = torch.linalg.LinAlgError
 _SINGULAR = (  # (API name contains, error type, message)
-    ("inv", _LinAlg, "The diagonal element {info} is zero, the inversion could not be completed because the input matrix is singular."),
+    (
+        "inv",
+        _LinAlg,
+        "The diagonal element {info} is zero, the inversion could not be completed because the input matrix is singular.",  # noqa: E501 (eager's message, kept greppable)
+    ),
     ("solve", _LinAlg, "The solver failed because the input matrix is singular."),
-    ("cholesky", _LinAlg, "The factorization could not be completed because the input is not positive-definite (the leading minor of order {info} is not positive-definite)."),
-    ("lu_factor", RuntimeError, "U[{info},{info}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)"),
+    (
+        "cholesky",
+        _LinAlg,
+        "The factorization could not be completed because the input is not positive-definite (the leading minor of order {info} is not positive-definite).",  # noqa: E501 (eager's message, kept greppable)
+    ),
+    (
+        "lu_factor",
+        RuntimeError,
+        "U[{info},{info}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)",  # noqa: E501 (eager's message, kept greppable)
+    ),
 )
 
 
@@ -315,7 +359,9 @@ def fortran_out(op, functional, fortran):
             if out.shape != res.shape:
                 resize_out(out, res.shape)
                 if f and res.dim() >= 2:
-                    aten.as_strided_.default(out, list(res.shape), _fortran_strides(list(res.shape)), out.storage_offset())
+                    aten.as_strided_.default(
+                        out, list(res.shape), _fortran_strides(list(res.shape)), out.storage_offset()
+                    )
             aten.copy_.default(out, res)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -323,8 +369,9 @@ def fortran_out(op, functional, fortran):
 
 
 fortran_out(aten.linalg_inv_ex.inverse, aten.linalg_inv_ex.default, (True, False))
-fortran_out(aten._linalg_solve_ex.result, aten._linalg_solve_ex.default,
-            lambda A, B, left=True, **k: (left, True, False, False))
+fortran_out(
+    aten._linalg_solve_ex.result, aten._linalg_solve_ex.default, lambda A, B, left=True, **k: (left, True, False, False)
+)
 fortran_out(aten.linalg_lu_factor_ex.out, aten.linalg_lu_factor_ex.default, (True, False, False))
 # a right solve is the transpose of a left one: its result, and a resized out, are row-major
 fortran_out(aten.linalg_lu_solve.out, aten.linalg_lu_solve.default, lambda *a, left=True, **k: (left,))

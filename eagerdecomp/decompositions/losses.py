@@ -37,7 +37,11 @@ def _extended(targets, target_lengths, blank, n, max_tl):
         for tl in target_lengths:
             pos.append([starts + min(j, max(tl - 1, 0)) for j in range(max_tl)])
             starts += tl
-        labels = aten.index.Tensor(targets, [_const(pos, targets)]) if targets.shape[0] else aten.full.default([n, max_tl], blank, dtype=torch.int64, device=device)
+        labels = (
+            aten.index.Tensor(targets, [_const(pos, targets)])
+            if targets.shape[0]
+            else aten.full.default([n, max_tl], blank, dtype=torch.int64, device=device)
+        )
     labels = aten._to_copy.default(labels, dtype=torch.int64)
     blanks = aten.full.default([n, max_tl], blank, dtype=torch.int64, device=device)
     pairs = aten.view.default(aten.stack.default([blanks, labels], 2), [n, 2 * max_tl])
@@ -47,7 +51,10 @@ def _extended(targets, target_lengths, blank, n, max_tl):
 def _lse3(a, b, c):
     m = aten.maximum.default(aten.maximum.default(a, b), c)
     m = aten.where.self(aten.eq.Scalar(m, _NEG_INF), aten.full_like.default(m, 0), m)
-    total = aten.add.Tensor(aten.add.Tensor(aten.exp.default(aten.sub.Tensor(a, m)), aten.exp.default(aten.sub.Tensor(b, m))), aten.exp.default(aten.sub.Tensor(c, m)))
+    total = aten.add.Tensor(
+        aten.add.Tensor(aten.exp.default(aten.sub.Tensor(a, m)), aten.exp.default(aten.sub.Tensor(b, m))),
+        aten.exp.default(aten.sub.Tensor(c, m)),
+    )
     return aten.add.Tensor(aten.log.default(total), m)
 
 
@@ -71,7 +78,10 @@ def _setup(log_probs, targets, input_lengths, target_lengths, blank):
     lp = aten.gather.default(log_probs, 2, aten.expand.default(aten.unsqueeze.default(ext, 0), [T, n, width]))
     skip = aten.ne.Tensor(ext, _shift_int(ext, 2))  # s - 2 may be skipped into s
     s_idx = aten.arange.default(width, device=log_probs.device)
-    valid = aten.lt.Tensor(aten.unsqueeze.default(s_idx, 0), aten.unsqueeze.default(_const([2 * tl + 1 for tl in target_lengths], log_probs), 1))
+    valid = aten.lt.Tensor(
+        aten.unsqueeze.default(s_idx, 0),
+        aten.unsqueeze.default(_const([2 * tl + 1 for tl in target_lengths], log_probs), 1),
+    )
     return T, n, width, ext, lp, skip, valid
 
 
@@ -85,8 +95,10 @@ def _shift_int(ext, k):
 def _alphas(log_probs, targets, input_lengths, target_lengths, blank):
     T, n, width, ext, lp, skip, valid = _setup(log_probs, targets, input_lengths, target_lengths, blank)
     neg = aten.full.default([n, width], _NEG_INF, dtype=log_probs.dtype, device=log_probs.device)
-    first = aten.lt.Tensor(aten.unsqueeze.default(aten.arange.default(width, device=log_probs.device), 0),
-                           aten.unsqueeze.default(_const([min(2, 2 * tl + 1) for tl in target_lengths], log_probs), 1))
+    first = aten.lt.Tensor(
+        aten.unsqueeze.default(aten.arange.default(width, device=log_probs.device), 0),
+        aten.unsqueeze.default(_const([min(2, 2 * tl + 1) for tl in target_lengths], log_probs), 1),
+    )
     alpha = aten.where.self(first, aten.select.int(lp, 0, 0), neg)
     rows = [alpha]
     for t in range(1, T):
@@ -107,11 +119,18 @@ def _check(log_probs, input_lengths, target_lengths):
 
 def _nll(log_alpha, input_lengths, target_lengths):
     n = log_alpha.shape[0]
-    last = aten.index.Tensor(log_alpha, [aten.arange.default(n, device=log_alpha.device), _const([il - 1 for il in input_lengths], log_alpha)])
+    last = aten.index.Tensor(
+        log_alpha,
+        [aten.arange.default(n, device=log_alpha.device), _const([il - 1 for il in input_lengths], log_alpha)],
+    )
     end = aten.gather.default(last, 1, aten.unsqueeze.default(_const([2 * tl for tl in target_lengths], log_alpha), 1))
-    before = aten.gather.default(last, 1, aten.unsqueeze.default(_const([max(2 * tl - 1, 0) for tl in target_lengths], log_alpha), 1))
+    before = aten.gather.default(
+        last, 1, aten.unsqueeze.default(_const([max(2 * tl - 1, 0) for tl in target_lengths], log_alpha), 1)
+    )
     neg = aten.full_like.default(end, _NEG_INF)
-    before = aten.where.self(aten.unsqueeze.default(_const([tl > 0 for tl in target_lengths], log_alpha, torch.bool), 1), before, neg)
+    before = aten.where.self(
+        aten.unsqueeze.default(_const([tl > 0 for tl in target_lengths], log_alpha, torch.bool), 1), before, neg
+    )
     # NOTE: an impossible alignment stays inf even with zero_infinity, as the kernel returns it
     # (ctc_loss zeroes it afterwards; the backward zeroes its gradient)
     return aten.neg.default(aten.squeeze.dim(_lse3(end, before, neg), 1))
@@ -136,7 +155,9 @@ def ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, 
 
 
 @project_decomposition(aten._ctc_loss_backward.default)
-def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+def ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
     input_lengths, target_lengths = list(input_lengths), list(target_lengths)
     if not _check(log_probs, input_lengths, target_lengths):
         return NotImplemented
@@ -163,7 +184,12 @@ def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, n
     m = aten.amax.default(ab, [2], True)
     m = aten.where.self(aten.eq.Scalar(m, _NEG_INF), aten.full_like.default(m, 0), m)
     index = aten.expand.default(aten.unsqueeze.default(ext, 1), [n, T, width])
-    sums = aten.scatter_add.default(aten.full.default([n, T, C], 0, dtype=log_probs.dtype, device=log_probs.device), 2, index, aten.exp.default(aten.sub.Tensor(ab, m)))
+    sums = aten.scatter_add.default(
+        aten.full.default([n, T, C], 0, dtype=log_probs.dtype, device=log_probs.device),
+        2,
+        index,
+        aten.exp.default(aten.sub.Tensor(ab, m)),
+    )
     lcab = aten.add.Tensor(aten.log.default(sums), m)  # -inf for classes no path visits
     lp_bt = aten.permute.default(log_probs, [1, 0, 2])
     nll = aten.view.default(neg_log_likelihood, [n, 1, 1])
@@ -172,7 +198,9 @@ def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, n
     t_idx = aten.unsqueeze.default(aten.arange.default(T, device=log_probs.device), 0)
     keep = aten.lt.Tensor(t_idx, aten.unsqueeze.default(_const(input_lengths, log_probs), 1))  # [N, T]
     if zero_infinity:
-        keep = aten.logical_and.default(keep, aten.unsqueeze.default(aten.ne.Scalar(neg_log_likelihood, float("inf")), 1))
+        keep = aten.logical_and.default(
+            keep, aten.unsqueeze.default(aten.ne.Scalar(neg_log_likelihood, float("inf")), 1)
+        )
     res = aten.where.self(aten.unsqueeze.default(keep, 2), res, aten.full_like.default(res, 0))
     return aten.permute.default(res, [1, 0, 2])
 
@@ -185,8 +213,20 @@ def _shift_back_int(ext):
 
 
 @project_decomposition(aten._ctc_loss_backward.Tensor)
-def ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False):
-    return ctc_loss_backward(grad, log_probs, targets, _ints(input_lengths), _ints(target_lengths), neg_log_likelihood, log_alpha, blank, zero_infinity)
+def ctc_loss_backward_tensor(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
+    return ctc_loss_backward(
+        grad,
+        log_probs,
+        targets,
+        _ints(input_lengths),
+        _ints(target_lengths),
+        neg_log_likelihood,
+        log_alpha,
+        blank,
+        zero_infinity,
+    )
 
 
 # NOTE: nll_loss's kernel takes uint8 class indices as well as int64 ones; PyTorch's

@@ -22,9 +22,9 @@ import torch
 
 from eagerdecomp.decompositions.householder import _apply_left, _geqr2, _reflector
 from eagerdecomp.decompositions.linalg import _FLOATS, _fortran_strides, _substitute
+from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.ops.overlap import guard
 from eagerdecomp.ops.variants import resize_out
-from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 
@@ -60,16 +60,31 @@ def _jacobi(A, max_sweeps=60):
                     worst = aten.maximum.default(worst, aten.max.default(ratio))
                 gs = aten.where.self(rotate, g, aten.ones_like.default(g))
                 zeta = aten.div.Tensor(aten.sub.Tensor(b, a), aten.mul.Scalar(gs, 2.0))
-                sign = aten.where.self(aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0))
-                t = aten.div.Tensor(sign, aten.add.Tensor(aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))))
+                sign = aten.where.self(
+                    aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0)
+                )
+                t = aten.div.Tensor(
+                    sign,
+                    aten.add.Tensor(
+                        aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))
+                    ),
+                )
                 t = aten.where.self(rotate, t, aten.zeros_like.default(t))
                 c = aten.unsqueeze.default(aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0)), -1)
                 s = aten.mul.Tensor(c, aten.unsqueeze.default(t, -1))
                 for M in ("U", "V"):
                     X = U if M == "U" else V
                     xp, xq = aten.select.int(X, -1, p), aten.select.int(X, -1, q)
-                    X = aten.where.self(aten.eq.Scalar(idx, p), aten.unsqueeze.default(aten.sub.Tensor(aten.mul.Tensor(c, xp), aten.mul.Tensor(s, xq)), -1), X)
-                    X = aten.where.self(aten.eq.Scalar(idx, q), aten.unsqueeze.default(aten.add.Tensor(aten.mul.Tensor(s, xp), aten.mul.Tensor(c, xq)), -1), X)
+                    X = aten.where.self(
+                        aten.eq.Scalar(idx, p),
+                        aten.unsqueeze.default(aten.sub.Tensor(aten.mul.Tensor(c, xp), aten.mul.Tensor(s, xq)), -1),
+                        X,
+                    )
+                    X = aten.where.self(
+                        aten.eq.Scalar(idx, q),
+                        aten.unsqueeze.default(aten.add.Tensor(aten.mul.Tensor(s, xp), aten.mul.Tensor(c, xq)), -1),
+                        X,
+                    )
                     U, V = (X, V) if M == "U" else (U, X)
         if float(aten._local_scalar_dense.default(worst)) <= tol:  # one read per sweep
             return U, V
@@ -142,7 +157,11 @@ def linalg_lstsq(A, B, rcond=None, *, driver=None):
     residuals = empty(A.dtype)
     if m > n and driver != "gelsy":
         residuals = aten._to_copy.default(aten.sum.dim_IntList(aten.mul.Tensor(rest, rest), [-2]), dtype=A.dtype)
-    rank = empty(torch.int64) if driver == "gels" else aten.full.default(batch, min(m, n), dtype=torch.int64, device=A.device)
+    rank = (
+        empty(torch.int64)
+        if driver == "gels"
+        else aten.full.default(batch, min(m, n), dtype=torch.int64, device=A.device)
+    )
     svals = aten._to_copy.default(s, dtype=A.dtype) if driver in ("gelss", "gelsd") else empty(A.dtype)
     return X, residuals, rank, svals
 
@@ -211,10 +230,14 @@ def linalg_pinv(A, *, atol=None, rtol=None, hermitian=False):
         rtol_t = default if atol is None else aten.where.self(aten.gt.Scalar(atol_t, 0), zero, default)
     tol = aten.maximum.default(atol_t, aten.mul.Tensor(rtol_t, smax))  # [...]
     tol = aten.unsqueeze.default(aten.expand.default(tol, batch), -1)
-    band = aten.maximum.default(aten.mul.Scalar(tol, 0.5), aten.unsqueeze.default(aten.mul.Scalar(smax, 4 * _EPS[A.dtype]), -1))
+    band = aten.maximum.default(
+        aten.mul.Scalar(tol, 0.5), aten.unsqueeze.default(aten.mul.Scalar(smax, 4 * _EPS[A.dtype]), -1)
+    )
     near = aten.lt.Tensor(aten.abs.default(aten.sub.Tensor(s, tol)), band)
     none_kept = aten.unsqueeze.default(aten.expand.default(aten.ge.Scalar(rtol_t, 1.0), batch), -1)
-    if aten._local_scalar_dense.default(aten.any.default(aten.logical_and.default(near, aten.logical_not.default(none_kept)))):
+    if aten._local_scalar_dense.default(
+        aten.any.default(aten.logical_and.default(near, aten.logical_not.default(none_kept)))
+    ):
         return NotImplemented
     keep = aten.logical_and.default(aten.gt.Tensor(s, tol), aten.logical_not.default(none_kept))
     safe = aten.where.self(keep, s, aten.ones_like.default(s))

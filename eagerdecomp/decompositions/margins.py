@@ -120,11 +120,19 @@ def multilabel_margin_loss_forward(self, target, reduction):
     ended = aten.cumsum.default(aten._to_copy.default(aten.eq.Scalar(t, -1), dtype=torch.int64), 1)
     valid = aten.eq.Scalar(ended, 0)
     y = aten.where.self(valid, t, aten.zeros_like.default(t))
-    marks = aten.scatter_reduce.two(aten.zeros_like.default(x, dtype=torch.int64), 1, y,
-                                    aten._to_copy.default(valid, dtype=torch.int64), "amax", include_self=True)
+    marks = aten.scatter_reduce.two(
+        aten.zeros_like.default(x, dtype=torch.int64),
+        1,
+        y,
+        aten._to_copy.default(valid, dtype=torch.int64),
+        "amax",
+        include_self=True,
+    )
     x_y = aten.gather.default(x, 1, y)
     z = aten.add.Tensor(aten.sub.Tensor(aten.unsqueeze.default(x, 1), aten.unsqueeze.default(x_y, 2)), 1.0)  # [n, j, i]
-    keep = aten.logical_and.default(aten.unsqueeze.default(valid, 2), aten.unsqueeze.default(aten.eq.Scalar(marks, 0), 1))
+    keep = aten.logical_and.default(
+        aten.unsqueeze.default(valid, 2), aten.unsqueeze.default(aten.eq.Scalar(marks, 0), 1)
+    )
     z = aten.where.self(keep, aten.clamp.default(z, 0), aten.zeros_like.default(z))
     loss = aten.div.Tensor(aten.sum.dim_IntList(z, [1, 2]), c)
     if reduction == _MEAN:
@@ -132,4 +140,3 @@ def multilabel_margin_loss_forward(self, target, reduction):
     elif reduction != _NONE:
         loss = aten.sum.default(loss)
     return loss, aten.reshape.default(aten._to_copy.default(marks, dtype=self.dtype), list(target.shape))
-

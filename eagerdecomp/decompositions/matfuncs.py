@@ -30,10 +30,22 @@ aten = torch.ops.aten
 
 _DEGREES = (1, 2, 4, 8, 12, 18)
 _THETAS = {
-    torch.float32: (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
-                    5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00),
-    torch.float64: (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
-                    4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00),
+    torch.float32: (
+        1.192092800768788e-07,
+        5.978858893805233e-04,
+        5.116619363445086e-02,
+        5.800524627688768e-01,
+        1.461661507209034e00,
+        3.010066362817634e00,
+    ),
+    torch.float64: (
+        2.220446049250313e-16,
+        2.580956802971767e-08,
+        3.397168839976962e-04,
+        4.991228871115323e-02,
+        2.996158913811580e-01,
+        1.090863719290036e00,
+    ),
 }
 _MAX_SQUARINGS = 62  # eager's 2^s is an int64
 
@@ -45,7 +57,9 @@ def _mexp(A):
     large = aten.ge.Scalar(norm, thetas[4])  # eager's T18 path, taken last (it wins at equality)
     s = aten.ceil.default(aten.log2.default(aten.div.Scalar(norm, thetas[5])))
     s = aten.where.self(large, aten.clamp_min.default(s, 0), aten.zeros_like.default(s))
-    finite = aten._local_scalar_dense.default(aten.all.default(aten.isfinite.default(aten.where.self(large, s, aten.zeros_like.default(s)))))
+    finite = aten._local_scalar_dense.default(
+        aten.all.default(aten.isfinite.default(aten.where.self(large, s, aten.zeros_like.default(s))))
+    )
     if not finite:
         return None
     squarings = int(aten._local_scalar_dense.default(aten.max.default(s))) if s.numel() else 0
@@ -67,7 +81,9 @@ def _mexp(A):
             pick = aten.logical_and.default(aten.gt.Scalar(norm, lower), aten.le.Scalar(norm, thetas[i]))
         else:
             for j in range(squarings):
-                poly = aten.where.self(aten.view.default(aten.gt.Scalar(s, j), [*s.shape, 1, 1]), aten.matmul.default(poly, poly), poly)
+                poly = aten.where.self(
+                    aten.view.default(aten.gt.Scalar(s, j), [*s.shape, 1, 1]), aten.matmul.default(poly, poly), poly
+                )
             pick = large
         result = aten.where.self(aten.view.default(pick, [*pick.shape, 1, 1]), poly, result)
     return result

@@ -68,7 +68,9 @@ def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     elif a.dim() == 2 and b.dim() == 2:  # the contraction grouped: out[g] sums its own slice of K
         G = offs.shape[0]
         gid = _group_of(a.shape[1], offs, a.device)
-        mask = aten.eq.Tensor(aten.unsqueeze.default(gid, 0), aten.unsqueeze.default(aten.arange.default(G, device=a.device), 1))
+        mask = aten.eq.Tensor(
+            aten.unsqueeze.default(gid, 0), aten.unsqueeze.default(aten.arange.default(G, device=a.device), 1)
+        )
         masked = aten.mul.Tensor(aten.unsqueeze.default(a, 0), aten.unsqueeze.default(_to(mask, acc), 1))  # [G, M, K]
         out = aten.bmm.default(masked, aten.expand.default(aten.unsqueeze.default(b, 0), [G, *b.shape]))
     else:
@@ -113,8 +115,12 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
         if beta == 0:
             return aten.zeros_like.default(out, memory_format=torch.contiguous_format)
         if type(beta) is float and not (self.dtype.is_floating_point or self.dtype.is_complex):
-            raise RuntimeError(f"result type Float can't be cast to the desired output type {scalar_type_name(self.dtype)}")
+            raise RuntimeError(
+                f"result type Float can't be cast to the desired output type {scalar_type_name(self.dtype)}"
+            )
         return aten.mul.Tensor(out, beta)
     for i in range(batch1.shape[0]):
-        out = aten.addmm.default(out, aten.select.int(batch1, 0, i), aten.select.int(batch2, 0, i), beta=beta if i == 0 else 1, alpha=alpha)
+        out = aten.addmm.default(
+            out, aten.select.int(batch1, 0, i), aten.select.int(batch2, 0, i), beta=beta if i == 0 else 1, alpha=alpha
+        )
     return out

@@ -177,7 +177,9 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
         if side not in ("left", "right"):
             return NotImplemented
         if right and side == "left":
-            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True")
+            raise RuntimeError(
+                "torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True"
+            )
         right = side == "right"
     seq = sorted_sequence
     if seq.dim() == 0 or (seq.dim() > 1 and (self.dim() != seq.dim() or list(self.shape[:-1]) != list(seq.shape[:-1]))):
@@ -197,14 +199,18 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
         flat_seq = aten.reshape.default(seq, [-1, m])
         flat_values = aten.reshape.default(values, [flat_seq.shape[0], -1])
     pos = _binary_search(aten.clone.default(flat_seq, memory_format=torch.contiguous_format), flat_values, right)
-    return aten._to_copy.default(aten.view.default(pos, list(self.shape)), dtype=dtype, memory_format=torch.contiguous_format)
+    return aten._to_copy.default(
+        aten.view.default(pos, list(self.shape)), dtype=dtype, memory_format=torch.contiguous_format
+    )
 
 
 @project_decomposition(aten.searchsorted.Scalar)
 def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     if sorted_sequence.dim() != 1:
         return NotImplemented
-    value = aten.scalar_tensor.default(self, dtype=torch.result_type(sorted_sequence, self), device=sorted_sequence.device)
+    value = aten.scalar_tensor.default(
+        self, dtype=torch.result_type(sorted_sequence, self), device=sorted_sequence.device
+    )
     return searchsorted(sorted_sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
 
 
@@ -258,7 +264,9 @@ def _runs(values, return_inverse, return_counts, order=None):
 # order is unspecified; the CPU kernel returns sorted values then too, and so does this.
 @project_decomposition(aten._unique2.default)
 def unique2(self, sorted=True, return_inverse=False, return_counts=False):
-    values, order = aten.sort.default(aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1]))
+    values, order = aten.sort.default(
+        aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), [-1])
+    )
     firsts, inverse, counts = _runs(values, return_inverse, return_counts, order)
     if return_inverse:
         inverse = aten.view.default(inverse, list(self.shape))
@@ -306,8 +314,12 @@ def _row_runs(rows, moved, dim, order=None):
     if order is not None:
         first_at = aten.index_select.default(order, 0, first_at)
     firsts = aten.movedim.int(aten.index_select.default(moved, 0, first_at), 0, dim)
-    counts = aten.index_put.default(aten.full.default([first_at.shape[0]], 0, dtype=torch.int64, device=device),
-                                    [group], aten.full_like.default(group, 1), True)
+    counts = aten.index_put.default(
+        aten.full.default([first_at.shape[0]], 0, dtype=torch.int64, device=device),
+        [group],
+        aten.full_like.default(group, 1),
+        True,
+    )
     if order is not None:
         group = aten.index_put.default(aten.full_like.default(group, 0), [order], group)
     return firsts, group, counts

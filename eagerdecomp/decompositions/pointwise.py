@@ -94,8 +94,10 @@ def frexp(self):
         return NotImplemented
     x = _f64(self)
     a = aten.abs.default(x)
-    regular = aten.logical_and.default(aten.ne.Scalar(a, 0.0), aten.logical_not.default(
-        aten.logical_or.default(aten.isinf.default(a), aten.isnan.default(a))))
+    regular = aten.logical_and.default(
+        aten.ne.Scalar(a, 0.0),
+        aten.logical_not.default(aten.logical_or.default(aten.isinf.default(a), aten.isnan.default(a))),
+    )
     safe = aten.where.self(regular, a, aten.ones_like.default(a))
     e = aten.add.Tensor(_exponent(safe), 1.0)
     half = aten.floor.default(aten.div.Tensor(e, 2.0))
@@ -119,8 +121,10 @@ def nextafter(self, other):
     x = _f64(aten._to_copy.default(self, dtype=dtype))
     y = _f64(aten._to_copy.default(other, dtype=dtype))
     a = aten.abs.default(x)
-    finite_nonzero = aten.logical_and.default(aten.ne.Scalar(a, 0.0), aten.logical_not.default(
-        aten.logical_or.default(aten.isinf.default(a), aten.isnan.default(a))))
+    finite_nonzero = aten.logical_and.default(
+        aten.ne.Scalar(a, 0.0),
+        aten.logical_not.default(aten.logical_or.default(aten.isinf.default(a), aten.isnan.default(a))),
+    )
     safe = aten.where.self(finite_nonzero, a, aten.ones_like.default(a))
     e = aten.clamp.default(_exponent(safe), emin)
     step = _pow2(aten.sub.Tensor(e, float(p - 1)))
@@ -164,7 +168,11 @@ def _shift_operands(self, other):
     if not isinstance(other, torch.Tensor):  # a Python number (the Scalar overloads)
         if not isinstance(other, int):
             return None
-        return dtype, aten._to_copy.default(self, dtype=dtype), aten.scalar_tensor.default(other, dtype=dtype, device=self.device)
+        return (
+            dtype,
+            aten._to_copy.default(self, dtype=dtype),
+            aten.scalar_tensor.default(other, dtype=dtype, device=self.device),
+        )
     return dtype, aten._to_copy.default(self, dtype=dtype), aten._to_copy.default(other, dtype=dtype)
 
 

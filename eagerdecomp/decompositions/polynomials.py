@@ -4,10 +4,11 @@ NOTE: PyTorch has no decomposition for these. Each kernel picks, per element, a 
 value (n < 0, |x| == 1, the limit past which Hermite gives NaN, ...), a trigonometric
 closed form (Chebyshev, for |x| < 1 past a degree threshold), or its three-term recurrence
 run n - 1 times. Here the branches are masks applied in the kernel's order, and the
-recurrence runs with the kernel's operation order and roundings (see _evaluate), for as many steps as the largest degree that needs it, each element updated only
-while its own degree is not reached. The step count is a data value: these calls decompose
-eagerly (the bypass path); a recurrence longer than _MAX_STEPS is declined. The trigonometric
-forms are evaluated in float64 and rounded once (see _closed_form): an approximation under the
+recurrence runs with the kernel's operation order and roundings (see _evaluate), for as many
+steps as the largest degree that needs it, each element updated only while its own degree
+is not reached. The step count is a data value: these calls decompose eagerly (the bypass
+path); a recurrence longer than _MAX_STEPS is declined. The trigonometric forms
+are evaluated in float64 and rounded once (see _closed_form): an approximation under the
 accuracy rule. Where the kernel returns an uninitialized value (a NaN x with n >= 2 in the
 U/V/W, Laguerre and Legendre loops) the decomposition returns NaN.
 """
@@ -46,6 +47,7 @@ def _signed_by_parity(n, value):
 
 # -- Chebyshev T, U, V, W (shifted: the same at y = 2x - 1, other degree thresholds) --------------
 # each: (value at |y| == 1, closed form for |y| < 1 past the threshold, value at n == 1)
+
 
 def _edge_t(y, n, nf):
     return _where(aten.logical_or.default(aten.gt.Scalar(y, 0), _even(n)), _c(1.0, y), _c(-1.0, y))
@@ -119,6 +121,7 @@ def _chebyshev_step(y):
 
 # -- the driver -----------------------------------------------------------------------------------
 
+
 def _operands(x, n):
     """x and n broadcast in the result dtype, n's integer degree as the kernel casts it (and as
     a float), and the dtype."""
@@ -130,7 +133,10 @@ def _operands(x, n):
     if dtype not in (torch.float32, torch.float64):
         return None
     like = x if isinstance(x, torch.Tensor) else n
-    x, n = (t if isinstance(t, torch.Tensor) else aten.scalar_tensor.default(t, dtype=dtype, device=like.device) for t in (x, n))
+    x, n = (
+        t if isinstance(t, torch.Tensor) else aten.scalar_tensor.default(t, dtype=dtype, device=like.device)
+        for t in (x, n)
+    )
     shape = list(torch.broadcast_shapes(x.shape, n.shape))
     xt = aten.expand.default(aten._to_copy.default(x, dtype=dtype), shape)
     nt = aten.expand.default(aten._to_copy.default(n, dtype=dtype), shape)
@@ -190,7 +196,10 @@ def _chebyshev(kind, shifted):
         branches = [
             (aten.lt.Scalar(n, 0), aten.zeros_like.default(x)),
             (aten.eq.Scalar(ay, 1.0), edge(y, n, nf)),
-            (aten.logical_and.default(aten.gt.Scalar(n, threshold), aten.lt.Scalar(ay, 1.0)), _closed_form(trig, x, shifted, n, nf)),
+            (
+                aten.logical_and.default(aten.gt.Scalar(n, threshold), aten.lt.Scalar(ay, 1.0)),
+                _closed_form(trig, x, shifted, n, nf),
+            ),
             (aten.eq.Scalar(n, 0), aten.ones_like.default(x)),
             (aten.eq.Scalar(n, 1), q1),
         ]
@@ -222,6 +231,7 @@ def _hermite(physicists):
 
         def step(k, p, q, rnd):
             return aten.sub.Tensor(aten.mul.Tensor(a, q), rnd(aten.mul.Tensor(p, float(scale * k))))
+
         return _evaluate(x, n, branches, q1, step, dtype)
 
     return fill

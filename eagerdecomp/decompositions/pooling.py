@@ -30,7 +30,9 @@ def _windows(n_in, n_out, device):
     i = aten.unsqueeze.default(aten.arange.default(n_out, device=device), 1)
     t = aten.unsqueeze.default(aten.arange.default(k, device=device), 0)
     start = aten.div.Tensor_mode(aten.mul.Tensor(i, n_in), n_out, rounding_mode="floor")
-    end = aten.neg.default(aten.div.Tensor_mode(aten.mul.Tensor(aten.add.Tensor(i, 1), -n_in), n_out, rounding_mode="floor"))
+    end = aten.neg.default(
+        aten.div.Tensor_mode(aten.mul.Tensor(aten.add.Tensor(i, 1), -n_in), n_out, rounding_mode="floor")
+    )
     pos = aten.add.Tensor(start, t)
     return aten.clamp.default(pos, None, n_in - 1), aten.lt.Tensor(pos, end), k
 
@@ -40,22 +42,22 @@ def _adaptive_max(self, output_size, nd):
     lead = list(self.shape[:-nd])
     values, valid, flat = self, None, None
     mats = []
-    for d, (n_in, n_out) in enumerate(zip(spatial, output_size)):
+    for n_in, n_out in zip(spatial, output_size):
         pos, ok, k = _windows(n_in, n_out, self.device)
         mats.append((pos, ok, k, n_out))
     # gather every spatial dim's windows: [..., O1, K1, O2, K2, ...]
-    for d, (pos, ok, k, n_out) in enumerate(mats):
+    for d, (pos, _ok, k, n_out) in enumerate(mats):
         axis = len(lead) + 2 * d
         values = aten.index_select.default(values, axis, aten.reshape.default(pos, [-1]))
         shape = list(values.shape)
-        values = aten.view.default(values, shape[:axis] + [n_out, k] + shape[axis + 1:])
+        values = aten.view.default(values, shape[:axis] + [n_out, k] + shape[axis + 1 :])
     # validity and flat input index over [O1, K1, O2, K2, ...], broadcast against the values
     for d, (pos, ok, k, n_out) in enumerate(mats):
         shape = [1] * (2 * nd)
         shape[2 * d], shape[2 * d + 1] = n_out, k
         v = aten.view.default(ok, shape)
         stride = 1
-        for n in spatial[d + 1:]:
+        for n in spatial[d + 1 :]:
             stride *= n
         f = aten.view.default(aten.mul.Tensor(pos, stride), shape)
         valid = v if valid is None else aten.logical_and.default(valid, v)
@@ -87,7 +89,9 @@ def _adaptive_max(self, output_size, nd):
     fmt = torch.channels_last if self.dim() == 4 else None
     if fmt is not None and self.is_contiguous(memory_format=fmt) and not self.is_contiguous():
         return aten.clone.default(out, memory_format=fmt), aten.clone.default(index, memory_format=fmt)
-    return aten.clone.default(out, memory_format=torch.contiguous_format), aten.clone.default(index, memory_format=torch.contiguous_format)
+    return aten.clone.default(out, memory_format=torch.contiguous_format), aten.clone.default(
+        index, memory_format=torch.contiguous_format
+    )
 
 
 def _adaptive(torch_fill, nd):
@@ -107,8 +111,12 @@ def _declined(*args, **kwargs):
 
 # NOTE: torch's own decompositions (argument checks, empty outputs) arrived after 2.11; on an
 # older torch those calls are declined (no path, a clear error) and the rest still decompose
-project_decomposition(aten.adaptive_max_pool2d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool2d", _declined), 2))
-project_decomposition(aten.adaptive_max_pool3d.default)(_adaptive(getattr(torch_decomps, "adaptive_max_pool3d", _declined), 3))
+project_decomposition(aten.adaptive_max_pool2d.default)(
+    _adaptive(getattr(torch_decomps, "adaptive_max_pool2d", _declined), 2)
+)
+project_decomposition(aten.adaptive_max_pool3d.default)(
+    _adaptive(getattr(torch_decomps, "adaptive_max_pool3d", _declined), 3)
+)
 
 
 def _torch_decomposition(op):

@@ -8,12 +8,10 @@ the outputs are bitwise eager's.
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import to_float32
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 _TYPES = (torch.float32, torch.float64, torch.float16)
@@ -74,8 +72,15 @@ def fake_quantize_cachemask_tensor_qparams(self, scale, zero_point, fake_quant_e
 # per channel in float either way. A float zero point is taken for float32 and half input
 # only: with double input the kernel rounds a double sum through lrintf's float argument.
 def _name(dtype):
-    return {torch.float64: "Double", torch.int64: "Long", torch.bfloat16: "BFloat16", torch.int16: "Short",
-            torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
+    return {
+        torch.float64: "Double",
+        torch.int64: "Long",
+        torch.bfloat16: "BFloat16",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.bool: "Bool",
+    }.get(dtype, str(dtype))
 
 
 @project_decomposition(aten.fake_quantize_per_channel_affine_cachemask.default)
@@ -95,11 +100,17 @@ def fake_quantize_per_channel_cachemask(self, scale, zero_point, axis, quant_min
     shape[axis] = -1
     work = torch.float64 if self.dtype == torch.float64 else torch.float32
     sc = aten.view.default(aten._to_copy.default(scale, dtype=torch.float32), shape)
-    prod = aten.mul.Tensor(aten._to_copy.default(self, dtype=work), aten._to_copy.default(aten.reciprocal.default(sc), dtype=work))
-    if self.dtype not in _TYPES or (not integer_zp and (zero_point.dtype != torch.float32 or self.dtype == torch.float64)):
+    prod = aten.mul.Tensor(
+        aten._to_copy.default(self, dtype=work), aten._to_copy.default(aten.reciprocal.default(sc), dtype=work)
+    )
+    if self.dtype not in _TYPES or (
+        not integer_zp and (zero_point.dtype != torch.float32 or self.dtype == torch.float64)
+    ):
         return NotImplemented
     zp = aten.view.default(aten._to_copy.default(zero_point, dtype=work), shape)
-    shifted = aten.add.Tensor(aten.round.default(prod), zp) if integer_zp else aten.round.default(aten.add.Tensor(zp, prod))
+    shifted = (
+        aten.add.Tensor(aten.round.default(prod), zp) if integer_zp else aten.round.default(aten.add.Tensor(zp, prod))
+    )
     q = aten._to_copy.default(shifted, dtype=torch.int64)
     wide = lambda t: aten._to_copy.default(t, dtype=torch.float64)  # noqa: E731
     fake = aten.mul.Tensor(aten.sub.Tensor(aten.clamp.default(wide(q), quant_min, quant_max), wide(zp)), wide(sc))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable, Dict
+from collections.abc import Callable
 
 from torch._ops import OpOverload, OpOverloadPacket
 
@@ -20,7 +20,7 @@ from eagerdecomp.ops.opset import resolve_op
 
 __all__ = ["register_decomposition", "project_decomposition", "version", "USER", "PROJECT", "Table"]
 
-Table = Dict[OpOverload, Callable]
+Table = dict[OpOverload, Callable]
 
 USER: Table = {}  # register_decomposition(): the user's entries
 PROJECT: Table = {}  # project_decomposition(): eagerdecomp's own decompositions

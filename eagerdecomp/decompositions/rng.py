@@ -283,16 +283,24 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
     b, n = rows.shape
     if replacement:
         cdf = aten.cumsum.default(aten.div.Tensor(rows, aten.sum.dim_IntList(rows, [1], True)), 1)  # [b, n]
-        u = aten.rsub.Scalar(aten.rand.default([b, num_samples], dtype=torch.float64, device=self.device), 1.0)  # (0, 1]
+        u = aten.rsub.Scalar(
+            aten.rand.default([b, num_samples], dtype=torch.float64, device=self.device), 1.0
+        )  # (0, 1]
         below = aten.lt.Tensor(aten.unsqueeze.default(cdf, 1), aten.unsqueeze.default(u, 2))  # [b, s, n]
         picks = aten.clamp.default(aten.sum.dim_IntList(below, [2]), None, n - 1)
         # rounding can leave the last cumulative sum under u: the last category with mass, not a zero one
-        last = aten.sub.Tensor(aten.sub.Scalar(aten.full.default([b, 1], n, dtype=torch.int64, device=self.device), 1),
-                               aten.argmax.default(aten._to_copy.default(aten.flip.default(aten.gt.Scalar(rows, 0), [1]), dtype=torch.int64), 1, True))
+        last = aten.sub.Tensor(
+            aten.sub.Scalar(aten.full.default([b, 1], n, dtype=torch.int64, device=self.device), 1),
+            aten.argmax.default(
+                aten._to_copy.default(aten.flip.default(aten.gt.Scalar(rows, 0), [1]), dtype=torch.int64), 1, True
+            ),
+        )
         picks = aten.minimum.default(picks, last)
     else:
         # as the CPU kernel: the largest p / E (zero-probability categories tie at 0, and come last)
-        e = aten.neg.default(aten.log1p.default(aten.neg.default(aten.rand.default([b, n], dtype=torch.float64, device=self.device))))
+        e = aten.neg.default(
+            aten.log1p.default(aten.neg.default(aten.rand.default([b, n], dtype=torch.float64, device=self.device)))
+        )
         picks = aten.topk.default(aten.div.Tensor(rows, e), num_samples, 1, True, True)[1]
     picks = aten._to_copy.default(picks, dtype=torch.int64)
     return picks if self.dim() == 2 else aten.squeeze.dim(picks, 0)

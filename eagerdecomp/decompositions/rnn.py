@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import to_opmath
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 
@@ -113,5 +113,10 @@ def fused_gru_cell_backward(grad_hy, workspace, has_bias):
     grad_hidden_gates = aten.cat.default([gr, gz, _back(ghn, dtype)], 1)
     if not has_bias:
         return grad_input_gates, grad_hidden_gates, _back(ghx, dtype), None, None
-    return (grad_input_gates, grad_hidden_gates, _back(ghx, dtype),
-            aten.sum.dim_IntList(grad_input_gates, [0]), aten.sum.dim_IntList(grad_hidden_gates, [0]))
+    return (
+        grad_input_gates,
+        grad_hidden_gates,
+        _back(ghx, dtype),
+        aten.sum.dim_IntList(grad_input_gates, [0]),
+        aten.sum.dim_IntList(grad_hidden_gates, [0]),
+    )

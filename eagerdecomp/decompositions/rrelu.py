@@ -21,8 +21,8 @@ import struct
 
 import torch
 
-from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.numerics import opmath
+from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 _F64 = torch.float64
@@ -55,14 +55,19 @@ def _values(self, lower, upper):
 
 
 def _declined(self, noise, generator, training) -> bool:
-    return (generator is not None or not self.dtype.is_floating_point
-            or (training and noise.numel() > 1 and not noise.is_contiguous()))
+    return (
+        generator is not None
+        or not self.dtype.is_floating_point
+        or (training and noise.numel() > 1 and not noise.is_contiguous())
+    )
 
 
 def _check(self, noise):
     if list(self.shape) != list(noise.shape):
-        raise RuntimeError(f"noise tensor shape must match self tensor shape. Got self.shape = {list(self.shape)} "
-                           f"noise.shape = {list(noise.shape)}")
+        raise RuntimeError(
+            f"noise tensor shape must match self tensor shape. Got self.shape = {list(self.shape)} "
+            f"noise.shape = {list(noise.shape)}"
+        )
 
 
 def _slope(lower, upper):

@@ -73,14 +73,32 @@ def _ptrs_poisson(lam, waiting):
         u = aten.sub.Tensor(_uniform(lam), 0.5)
         v = _uniform(lam)
         us = aten.rsub.Scalar(aten.abs.default(u), 0.5)
-        k = _as_int64(aten.add.Tensor(aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(aten.div.Tensor(aten.mul.Tensor(a, 2), us), b), u), lam), 0.43))
+        k = _as_int64(
+            aten.add.Tensor(
+                aten.add.Tensor(
+                    aten.mul.Tensor(aten.add.Tensor(aten.div.Tensor(aten.mul.Tensor(a, 2), us), b), u), lam
+                ),
+                0.43,
+            )
+        )
         quick = aten.logical_and.default(aten.ge.Scalar(us, 0.07), aten.le.Tensor(v, vr))
-        skip = aten.logical_or.default(aten.lt.Scalar(k, 0), aten.logical_and.default(aten.lt.Scalar(us, 0.013), aten.gt.Tensor(v, us)))
-        lhs = aten.sub.Tensor(aten.add.Tensor(aten.log.default(v), aten.log.default(invalpha)),
-                              aten.log.default(aten.add.Tensor(aten.div.Tensor(a, aten.mul.Tensor(us, us)), b)))
-        rhs = aten.sub.Tensor(aten.add.Tensor(aten.neg.default(lam), aten.mul.Tensor(k, loglam)), aten.lgamma.default(aten.add.Tensor(k, 1)))
-        take = aten.logical_and.default(wait, aten.logical_or.default(
-            quick, aten.logical_and.default(aten.logical_not.default(skip), aten.le.Tensor(lhs, rhs))))
+        skip = aten.logical_or.default(
+            aten.lt.Scalar(k, 0), aten.logical_and.default(aten.lt.Scalar(us, 0.013), aten.gt.Tensor(v, us))
+        )
+        lhs = aten.sub.Tensor(
+            aten.add.Tensor(aten.log.default(v), aten.log.default(invalpha)),
+            aten.log.default(aten.add.Tensor(aten.div.Tensor(a, aten.mul.Tensor(us, us)), b)),
+        )
+        rhs = aten.sub.Tensor(
+            aten.add.Tensor(aten.neg.default(lam), aten.mul.Tensor(k, loglam)),
+            aten.lgamma.default(aten.add.Tensor(k, 1)),
+        )
+        take = aten.logical_and.default(
+            wait,
+            aten.logical_or.default(
+                quick, aten.logical_and.default(aten.logical_not.default(skip), aten.le.Tensor(lhs, rhs))
+            ),
+        )
         out = aten.where.self(take, k, out)
         return take
 
@@ -114,15 +132,28 @@ def poisson(self, generator=None):
     large = aten.ge.Scalar(lam, 10)
     small = aten.logical_and.default(aten.gt.Scalar(lam, 0), aten.logical_not.default(large))
     # NOTE: each regime draws in its own rounds, with a safe rate elsewhere so no NaN appears
-    out = aten.where.self(large, _ptrs_poisson(aten.where.self(large, lam, _full(lam, 10.0)), large),
-                          _knuth_poisson(aten.where.self(small, lam, _full(lam, 1.0)), small))
+    out = aten.where.self(
+        large,
+        _ptrs_poisson(aten.where.self(large, lam, _full(lam, 10.0)), large),
+        _knuth_poisson(aten.where.self(small, lam, _full(lam, 1.0)), small),
+    )
     return aten._to_copy.default(out, dtype=self.dtype)
 
 
 # -- binomial ----------------------------------------------------------------------------
 
-_TAIL = (0.0810614667953272, 0.0413406959554092, 0.0276779256849983, 0.02079067210376509, 0.0166446911898211,
-         0.0138761288230707, 0.0118967099458917, 0.0104112652619720, 0.00925546218271273, 0.00833056343336287)
+_TAIL = (
+    0.0810614667953272,
+    0.0413406959554092,
+    0.0276779256849983,
+    0.02079067210376509,
+    0.0166446911898211,
+    0.0138761288230707,
+    0.0118967099458917,
+    0.0104112652619720,
+    0.00925546218271273,
+    0.00833056343336287,
+)
 
 
 def _stirling_tail(k):
@@ -131,8 +162,13 @@ def _stirling_tail(k):
     index = aten._to_copy.default(aten.clamp.default(k, 0, 9), dtype=torch.int64)
     kp1 = aten.add.Tensor(k, 1)
     kp1sq = aten.mul.Tensor(kp1, kp1)
-    series = aten.div.Tensor(aten.rsub.Scalar(aten.div.Tensor(aten.rsub.Scalar(aten.div.Tensor(
-        aten.reciprocal.default(kp1sq), 1260), 1 / 360), kp1sq), 1 / 12), kp1)
+    series = aten.div.Tensor(
+        aten.rsub.Scalar(
+            aten.div.Tensor(aten.rsub.Scalar(aten.div.Tensor(aten.reciprocal.default(kp1sq), 1260), 1 / 360), kp1sq),
+            1 / 12,
+        ),
+        kp1,
+    )
     return aten.where.self(aten.le.Scalar(k, 9), aten.index.Tensor(table, [index]), series)
 
 
@@ -156,20 +192,32 @@ def _btrs(count, prob, waiting, scalar):
         u = aten.sub.Tensor(_uniform(count), 0.5)
         v = _uniform(count)
         us = aten.rsub.Scalar(aten.abs.default(u), 0.5)
-        k = aten.floor.default(aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(aten.div.Tensor(aten.mul.Tensor(a, 2), us), b), u), c))
+        k = aten.floor.default(
+            aten.add.Tensor(aten.mul.Tensor(aten.add.Tensor(aten.div.Tensor(aten.mul.Tensor(a, 2), us), b), u), c)
+        )
         k = aten._to_copy.default(aten._to_copy.default(k, dtype=scalar), dtype=f64)  # static_cast<scalar_t>
         sensible = aten.logical_not.default(aten.logical_or.default(aten.lt.Scalar(k, 0), aten.gt.Tensor(k, count)))
         quick = aten.logical_and.default(aten.ge.Scalar(us, 0.07), aten.le.Tensor(v, v_r))
-        lv = log(aten.div.Tensor(aten.mul.Tensor(v, alpha), aten.add.Tensor(aten.div.Tensor(a, aten.mul.Tensor(us, us)), b)))
+        lv = log(
+            aten.div.Tensor(aten.mul.Tensor(v, alpha), aten.add.Tensor(aten.div.Tensor(a, aten.mul.Tensor(us, us)), b))
+        )
         n_m1 = aten.add.Tensor(aten.sub.Tensor(count, m), 1)
         n_k1 = aten.add.Tensor(aten.sub.Tensor(count, k), 1)
-        bound = aten.mul.Tensor(aten.add.Tensor(m, 0.5), log(aten.div.Tensor(aten.add.Tensor(m, 1), aten.mul.Tensor(r, n_m1))))
+        bound = aten.mul.Tensor(
+            aten.add.Tensor(m, 0.5), log(aten.div.Tensor(aten.add.Tensor(m, 1), aten.mul.Tensor(r, n_m1)))
+        )
         bound = aten.add.Tensor(bound, aten.mul.Tensor(aten.add.Tensor(count, 1), log(aten.div.Tensor(n_m1, n_k1))))
-        bound = aten.add.Tensor(bound, aten.mul.Tensor(aten.add.Tensor(k, 0.5), log(aten.div.Tensor(aten.mul.Tensor(r, n_k1), aten.add.Tensor(k, 1)))))
+        bound = aten.add.Tensor(
+            bound,
+            aten.mul.Tensor(
+                aten.add.Tensor(k, 0.5), log(aten.div.Tensor(aten.mul.Tensor(r, n_k1), aten.add.Tensor(k, 1)))
+            ),
+        )
         bound = aten.add.Tensor(aten.add.Tensor(bound, _stirling_tail(m)), _stirling_tail(aten.sub.Tensor(count, m)))
         bound = aten.sub.Tensor(aten.sub.Tensor(bound, _stirling_tail(k)), _stirling_tail(aten.sub.Tensor(count, k)))
-        take = aten.logical_and.default(aten.logical_and.default(wait, sensible),
-                                        aten.logical_or.default(quick, aten.le.Tensor(lv, bound)))
+        take = aten.logical_and.default(
+            aten.logical_and.default(wait, sensible), aten.logical_or.default(quick, aten.le.Tensor(lv, bound))
+        )
         out = aten.where.self(take, k, out)
         return take
 
@@ -187,7 +235,9 @@ def _inversion(count, prob, waiting):
         gap = aten.ceil.default(aten.div.Tensor(aten.log.default(_uniform(count)), logq))
         gaps = aten.where.self(wait, aten.add.Tensor(gaps, gap), gaps)
         done = aten.logical_and.default(wait, aten.gt.Tensor(gaps, count))
-        found = aten.add.Tensor(found, aten._to_copy.default(aten.logical_and.default(wait, aten.logical_not.default(done)), dtype=f64))
+        found = aten.add.Tensor(
+            found, aten._to_copy.default(aten.logical_and.default(wait, aten.logical_not.default(done)), dtype=f64)
+        )
         return done
 
     _rounds("binomial", waiting, step)
@@ -208,8 +258,9 @@ def binomial(count, prob, generator=None):
     p = aten._to_copy.default(prob, dtype=f64)
     nothing = aten.logical_or.default(aten.le.Scalar(n, 0), aten.le.Scalar(p, 0))
     all_ = aten.logical_and.default(aten.logical_not.default(nothing), aten.ge.Scalar(p, 1))
-    live = aten.logical_and.default(aten.logical_not.default(nothing), aten.logical_and.default(
-        aten.gt.Scalar(p, 0), aten.lt.Scalar(p, 1)))
+    live = aten.logical_and.default(
+        aten.logical_not.default(nothing), aten.logical_and.default(aten.gt.Scalar(p, 0), aten.lt.Scalar(p, 1))
+    )
     if _item(aten.any.default(aten.logical_and.default(live, aten.isnan.default(n)))):
         raise RuntimeError("binomial: a NaN count (the CPU kernel never returns for it)")
     flip = aten.gt.Scalar(p, 0.5)
@@ -222,11 +273,14 @@ def binomial(count, prob, generator=None):
     safe_n = aten.where.self(live, n, _full(n, 40.0))
     drawn = aten.where.self(big, _btrs(safe_n, safe_q, big, scalar), _inversion(safe_n, safe_q, few))
     drawn = aten.where.self(flip, aten.sub.Tensor(n, drawn), drawn)
-    out = aten.where.self(nothing, _full(n, 0.0), aten.where.self(all_, n, aten.where.self(live, drawn, _full(n, math.nan))))
+    out = aten.where.self(
+        nothing, _full(n, 0.0), aten.where.self(all_, n, aten.where.self(live, drawn, _full(n, math.nan)))
+    )
     return aten._to_copy.default(out, dtype=scalar)
 
 
 # -- gamma -------------------------------------------------------------------------------
+
 
 # NOTE: Marsaglia and Tsang, with the kernel's boost for alpha < 1 (a Gamma(alpha + 1) draw
 # times U ** (1 / alpha)). The kernel redraws x alone while 1 + c x <= 0; rejecting the whole
@@ -235,8 +289,11 @@ def binomial(count, prob, generator=None):
 def _gamma(alpha):
     """Gamma(alpha) draws in double for a double ``alpha``, before the callers' floors."""
     boost = aten.lt.Scalar(alpha, 1)
-    scale = aten.where.self(boost, aten.pow.Tensor_Tensor(aten.rsub.Scalar(_uniform(alpha), 1),
-                                                          aten.reciprocal.default(alpha)), _full(alpha, 1.0))
+    scale = aten.where.self(
+        boost,
+        aten.pow.Tensor_Tensor(aten.rsub.Scalar(_uniform(alpha), 1), aten.reciprocal.default(alpha)),
+        _full(alpha, 1.0),
+    )
     alpha = aten.where.self(boost, aten.add.Tensor(alpha, 1), alpha)
     waiting = aten.logical_and.default(aten.logical_not.default(aten.isnan.default(alpha)), aten.ne.Scalar(scale, 0))
     safe = aten.where.self(waiting, alpha, _full(alpha, 2.0))
@@ -252,10 +309,16 @@ def _gamma(alpha):
         u = aten.rsub.Scalar(_uniform(alpha), 1)
         xx = aten.mul.Tensor(x, x)
         squeeze = aten.lt.Tensor(u, aten.rsub.Scalar(aten.mul.Tensor(aten.mul.Tensor(xx, xx), 0.0331), 1))
-        full = aten.lt.Tensor(aten.log.default(u), aten.add.Tensor(aten.mul.Tensor(xx, 0.5), aten.mul.Tensor(
-            d, aten.add.Tensor(aten.rsub.Scalar(v, 1), aten.log.default(v)))))
-        take = aten.logical_and.default(aten.logical_and.default(wait, aten.gt.Scalar(y, 0)),
-                                        aten.logical_or.default(squeeze, full))
+        full = aten.lt.Tensor(
+            aten.log.default(u),
+            aten.add.Tensor(
+                aten.mul.Tensor(xx, 0.5),
+                aten.mul.Tensor(d, aten.add.Tensor(aten.rsub.Scalar(v, 1), aten.log.default(v))),
+            ),
+        )
+        take = aten.logical_and.default(
+            aten.logical_and.default(wait, aten.gt.Scalar(y, 0)), aten.logical_or.default(squeeze, full)
+        )
         out = aten.where.self(take, aten.mul.Tensor(aten.mul.Tensor(scale, d), v), out)
         return take
 
@@ -304,7 +367,16 @@ def _poly(v, coefs):
 _GRAD_UV = (
     (0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084),
     (0.53487893, 0.1298071, 0.065735949, -0.0015649758, 0.16639465, 0.020070113, -0.0035938915, -0.00058392623),
-    (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777, 0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07),
+    (
+        0.040121004,
+        -0.0065914022,
+        -0.0026286047,
+        -0.0013441777,
+        0.017050642,
+        -0.0021309326,
+        0.00085092367,
+        -1.5247877e-07,
+    ),
 )
 
 
@@ -331,16 +403,27 @@ def standard_gamma_grad(self, output):
     pow_x_alpha = aten.pow.Tensor_Tensor(x, alpha)
     pdf = aten.mul.Tensor(aten.pow.Tensor_Tensor(x, aten.sub.Tensor(alpha, 1)), aten.exp.default(aten.neg.default(x)))
     cdf = aten.mul.Tensor(pow_x_alpha, series1)
-    cdf_alpha = aten.sub.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.log.default(x), aten.digamma.default(alpha)), cdf),
-                                aten.mul.Tensor(pow_x_alpha, series2))
+    cdf_alpha = aten.sub.Tensor(
+        aten.mul.Tensor(aten.sub.Tensor(aten.log.default(x), aten.digamma.default(alpha)), cdf),
+        aten.mul.Tensor(pow_x_alpha, series2),
+    )
     taylor = aten.div.Tensor(aten.neg.default(cdf_alpha), pdf)
     taylor = aten.where.self(aten.isnan.default(taylor), aten.zeros_like.default(taylor), taylor)
     # Rice saddle point for large alpha: near the mode, then away from it
     aa = aten.mul.Tensor(alpha, alpha)
-    near_num1 = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(alpha, 24), aten.add.Tensor(aten.mul.Tensor(alpha, 12), 1)), 1)
-    near_num2 = aten.add.Tensor(aten.sub.Tensor(aten.add.Tensor(aten.mul.Tensor(aa, 1440), aten.mul.Tensor(aten.mul.Tensor(x, 6), aten.rsub.Scalar(aten.mul.Tensor(x, 120), 53))),
-                                                aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(x, x), 65), alpha)),
-                                aten.mul.Tensor(alpha, aten.add.Tensor(aten.mul.Tensor(x, 3600), 107)))
+    near_num1 = aten.add.Tensor(
+        aten.mul.Tensor(aten.mul.Tensor(alpha, 24), aten.add.Tensor(aten.mul.Tensor(alpha, 12), 1)), 1
+    )
+    near_num2 = aten.add.Tensor(
+        aten.sub.Tensor(
+            aten.add.Tensor(
+                aten.mul.Tensor(aa, 1440),
+                aten.mul.Tensor(aten.mul.Tensor(x, 6), aten.rsub.Scalar(aten.mul.Tensor(x, 120), 53)),
+            ),
+            aten.div.Tensor(aten.mul.Tensor(aten.mul.Tensor(x, x), 65), alpha),
+        ),
+        aten.mul.Tensor(alpha, aten.add.Tensor(aten.mul.Tensor(x, 3600), 107)),
+    )
     near = aten.div.Tensor(aten.mul.Tensor(near_num1, near_num2), aten.mul.Tensor(aten.mul.Tensor(aa, aa), 1244160))
     sq = aten.sqrt.default(aten.mul.Tensor(alpha, 8))
     term2 = aten.div.Tensor(sq, aten.sub.Tensor(alpha, x))
@@ -348,18 +431,32 @@ def standard_gamma_grad(self, output):
     term3 = aten.pow.Tensor_Scalar(aten.sub.Tensor(aten.sub.Tensor(x, alpha), aten.mul.Tensor(alpha, log_ratio)), -1.5)
     term23 = aten.where.self(aten.lt.Tensor(x, alpha), aten.sub.Tensor(term2, term3), aten.add.Tensor(term2, term3))
     diff = aten.sub.Tensor(alpha, x)
-    term1 = aten.sub.Tensor(aten.mul.Tensor(log_ratio, term23), aten.div.Tensor(
-        aten.mul.Tensor(aten.sqrt.default(aten.div.Tensor(aten.full_like.default(alpha, 2.0), alpha)), aten.add.Tensor(alpha, x)),
-        aten.mul.Tensor(diff, diff)))
+    term1 = aten.sub.Tensor(
+        aten.mul.Tensor(log_ratio, term23),
+        aten.div.Tensor(
+            aten.mul.Tensor(
+                aten.sqrt.default(aten.div.Tensor(aten.full_like.default(alpha, 2.0), alpha)), aten.add.Tensor(alpha, x)
+            ),
+            aten.mul.Tensor(diff, diff),
+        ),
+    )
     inv12 = aten.reciprocal.default(aten.mul.Tensor(alpha, 12))
-    stirling = aten.add.Tensor(aten.mul.Tensor(inv12, aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(alpha, 24)), 1)), 1)
+    stirling = aten.add.Tensor(
+        aten.mul.Tensor(inv12, aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(alpha, 24)), 1)), 1
+    )
     far = aten.div.Tensor(aten.neg.default(aten.mul.Tensor(stirling, aten.mul.Tensor(x, term1))), sq)
-    in_band = aten.logical_and.default(aten.le.Tensor(aten.mul.Tensor(alpha, 0.9), x), aten.le.Tensor(x, aten.mul.Tensor(alpha, 1.1)))
+    in_band = aten.logical_and.default(
+        aten.le.Tensor(aten.mul.Tensor(alpha, 0.9), x), aten.le.Tensor(x, aten.mul.Tensor(alpha, 1.1))
+    )
     rice = aten.where.self(in_band, near, far)
     # rational approximation in (u, v) = (log(x / alpha), log(alpha))
     u, v = log_ratio, aten.log.default(alpha)
-    coef = [aten.add.Tensor(aten.mul.Tensor(u, aten.add.Tensor(aten.mul.Tensor(u, _GRAD_UV[2][i]), _GRAD_UV[1][i])), _GRAD_UV[0][i])
-            for i in range(8)]
+    coef = [
+        aten.add.Tensor(
+            aten.mul.Tensor(u, aten.add.Tensor(aten.mul.Tensor(u, _GRAD_UV[2][i]), _GRAD_UV[1][i])), _GRAD_UV[0][i]
+        )
+        for i in range(8)
+    ]
     p = _poly(v, coef[:4])
     q = _poly(v, coef[4:])
     rational = aten.exp.default(aten.div.Tensor(p, q))

@@ -41,7 +41,7 @@ def _layout(data, bounds, offsets_like):
     for n in data.shape[:axis]:
         outer *= n
     inner = 1
-    for n in data.shape[axis + 1:]:
+    for n in data.shape[axis + 1 :]:
         inner *= n
     size = data.shape[axis]
     view = aten.reshape.default(aten.clone.default(data, memory_format=torch.contiguous_format), [outer, size, inner])
@@ -102,8 +102,13 @@ def _check(data, reduce, lengths, indices, offsets, axis, unsafe):
             if int(_item(aten.amin.default(lengths, []))) < 0:
                 raise RuntimeError("lengths contains negative value!")
             if bool(_item(aten.any.default(aten.ne.Scalar(aten.sum.dim_IntList(lengths, [-1]), size)))):
-                raise RuntimeError("segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) when !unsafe.")
-        elif int(_item(aten.amin.default(lengths, []))) < 0 or int(_item(aten.amax.default(aten.sum.dim_IntList(lengths, [-1]), []))) > size:
+                raise RuntimeError(
+                    "segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) when !unsafe."  # noqa: E501 (eager's message, kept greppable)
+                )
+        elif (
+            int(_item(aten.amin.default(lengths, []))) < 0
+            or int(_item(aten.amax.default(aten.sum.dim_IntList(lengths, [-1]), []))) > size
+        ):
             return None  # the kernel would read outside the data: undefined, declined
         return bounds
     # offsets: segments must stay inside the data (else the kernel reads outside it); eager's own
@@ -115,7 +120,9 @@ def _check(data, reduce, lengths, indices, offsets, axis, unsafe):
         return None
     if bool(_item(aten.any.default(outside))):
         return None
-    if not unsafe and bool(_item(aten.any.default(aten.logical_or.default(aten.ne.Scalar(first, 0), aten.ne.Scalar(last, size))))):
+    if not unsafe and bool(
+        _item(aten.any.default(aten.logical_or.default(aten.ne.Scalar(first, 0), aten.ne.Scalar(last, size))))
+    ):
         return None
     return bounds
 
@@ -136,7 +143,9 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     if reduce == "mean":
         empty = aten.eq.Scalar(lengths3, 0)
         divided = _divide_by_count(acc, aten.expand.default(lengths3, list(acc.shape)))
-        divide = aten.logical_and.default(aten.logical_not.default(empty), aten.logical_not.default(aten.isnan.default(acc)))
+        divide = aten.logical_and.default(
+            aten.logical_not.default(empty), aten.logical_not.default(aten.isnan.default(acc))
+        )
         acc = aten.where.self(divide, divided, acc)
         if initial is None:
             acc = aten.where.self(empty, aten.full_like.default(acc, float("nan")), acc)
@@ -154,12 +163,18 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
     outer, size, inner = view.shape
     segments = starts.shape[1]
     g = aten.reshape.default(aten.clone.default(grad, memory_format=torch.contiguous_format), [outer, segments, inner])
-    out = aten.reshape.default(aten.clone.default(output, memory_format=torch.contiguous_format), [outer, segments, inner])
+    out = aten.reshape.default(
+        aten.clone.default(output, memory_format=torch.contiguous_format), [outer, segments, inner]
+    )
     # each data position's segment and rank in it (positions outside every segment get no gradient)
     pos = aten.arange.start_step(0, size, 1, dtype=torch.int64, device=data.device)
     ends = aten.add.Tensor(starts, seg_len)
-    positions = aten.clone.default(aten.expand.default(aten.unsqueeze.default(pos, 0), [outer, size]), memory_format=torch.contiguous_format)
-    seg = aten.searchsorted.Tensor(aten.clone.default(ends, memory_format=torch.contiguous_format), positions, right=True)
+    positions = aten.clone.default(
+        aten.expand.default(aten.unsqueeze.default(pos, 0), [outer, size]), memory_format=torch.contiguous_format
+    )
+    seg = aten.searchsorted.Tensor(
+        aten.clone.default(ends, memory_format=torch.contiguous_format), positions, right=True
+    )
     inside = aten.lt.Scalar(seg, segments)
     seg = aten.clamp.default(seg, 0, max(segments - 1, 0))
     inside = aten.logical_and.default(inside, aten.ge.Tensor(pos, aten.gather.default(starts, 1, seg)))
@@ -189,10 +204,14 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
         # the product of the segment's other elements, in order, from initial (or 1)
         rank = aten.sub.Tensor(aten.unsqueeze.default(pos, 0), aten.gather.default(starts, 1, seg))
         start_at = aten.gather.default(starts, 1, seg)
-        excl = aten.clone.default(aten.expand.default(_identity("prod", initial, data.dtype, data.device), [outer, size, inner]))
+        excl = aten.clone.default(
+            aten.expand.default(_identity("prod", initial, data.dtype, data.device), [outer, size, inner])
+        )
         for k in range(size):
             other = aten.clamp.default(aten.add.Tensor(start_at, k), 0, size - 1)
-            value = aten.gather.default(view, 1, aten.expand.default(aten.unsqueeze.default(other, 2), [outer, size, inner]))
+            value = aten.gather.default(
+                view, 1, aten.expand.default(aten.unsqueeze.default(other, 2), [outer, size, inner])
+            )
             use = aten.logical_and.default(aten.gt.Scalar(len_at, k), aten.ne.Scalar(rank, k))
             excl = aten.where.self(aten.unsqueeze.default(use, 2), aten.mul.Tensor(excl, value), excl)
         special = aten.logical_or.default(aten.isnan.default(view), aten.eq.Scalar(view, 0))

@@ -98,7 +98,9 @@ def _median_dim(self, dim, keepdim, skip_nan):
             rank = aten.div.Tensor_mode(aten.sub.Tensor(kept, 1), 2, rounding_mode="trunc")
         else:
             # NaNs sort last, in their original order: the first NaN is at rank n - nans
-            rank = aten.where.self(aten.gt.Scalar(nans, 0), aten.sub.Tensor(aten.full_like.default(nans, n), nans), rank)
+            rank = aten.where.self(
+                aten.gt.Scalar(nans, 0), aten.sub.Tensor(aten.full_like.default(nans, n), nans), rank
+            )
     index = aten.gather.default(order, -1, rank)
     if skip_nan and moved.dtype.is_floating_point:
         all_nan = aten.eq.Scalar(nans, n)
@@ -161,13 +163,22 @@ def _insertion_sort(values):
         val = aten.slice.Tensor(values, -1, i, i + 1)
         front = aten.lt.Tensor(val, aten.slice.Tensor(values, -1, 0, 1))
         less = aten.lt.Tensor(val, aten.slice.Tensor(values, -1, 0, i))
-        stop = aten.amax.default(aten.where.self(less, aten.full_like.default(less, -1, dtype=torch.int64),
-                                                 aten.slice.Tensor(pos, 0, 0, i)), [-1], True)
+        stop = aten.amax.default(
+            aten.where.self(less, aten.full_like.default(less, -1, dtype=torch.int64), aten.slice.Tensor(pos, 0, 0, i)),
+            [-1],
+            True,
+        )
         to = aten.where.self(front, aten.zeros_like.default(stop), aten.add.Tensor(stop, 1))
         # source of each position: itself before ``to`` and after i, i at ``to``, its left neighbour between
-        source = aten.where.self(aten.lt.Tensor(pos, to), pos,
-                                 aten.where.self(aten.eq.Tensor(pos, to), aten.full_like.default(to, i),
-                                                 aten.where.self(aten.le.Scalar(pos, i), aten.sub.Tensor(pos, 1), pos)))
+        source = aten.where.self(
+            aten.lt.Tensor(pos, to),
+            pos,
+            aten.where.self(
+                aten.eq.Tensor(pos, to),
+                aten.full_like.default(to, i),
+                aten.where.self(aten.le.Scalar(pos, i), aten.sub.Tensor(pos, 1), pos),
+            ),
+        )
         values = aten.gather.default(values, -1, source)
         index = aten.gather.default(index, -1, source)
     return values, index
@@ -192,18 +203,24 @@ def mode(self, dim=-1, keepdim=False):
         values, index = aten.sort.stable(moved, stable=True, dim=-1)
     pos = _arange_like(moved, n)
     ends = aten.ne.Tensor(aten.slice.Tensor(values, -1, 0, n - 1), aten.slice.Tensor(values, -1, 1, n))
-    ends = aten.cat.default([ends, aten.full.default(list(moved.shape[:-1]) + [1], True, dtype=torch.bool,
-                                                     device=moved.device)], -1)
+    ends = aten.cat.default(
+        [ends, aten.full.default(list(moved.shape[:-1]) + [1], True, dtype=torch.bool, device=moved.device)], -1
+    )
     # the end of the previous run before each position: the greatest earlier end, or -1
-    earlier = aten.logical_and.default(aten.unsqueeze.default(ends, -2),
-                                       aten.lt.Tensor(aten.unsqueeze.default(pos, 0), aten.unsqueeze.default(pos, 1)))
-    previous = aten.amax.default(aten.where.self(earlier, pos, aten.full.default([], -1, dtype=torch.int64,
-                                                                                  device=moved.device)), [-1])
+    earlier = aten.logical_and.default(
+        aten.unsqueeze.default(ends, -2), aten.lt.Tensor(aten.unsqueeze.default(pos, 0), aten.unsqueeze.default(pos, 1))
+    )
+    previous = aten.amax.default(
+        aten.where.self(earlier, pos, aten.full.default([], -1, dtype=torch.int64, device=moved.device)), [-1]
+    )
     run = aten.where.self(ends, aten.sub.Tensor(pos, previous), aten.zeros_like.default(previous))
     longest = aten.eq.Tensor(run, aten.amax.default(run, [-1], True))
-    at = aten.amin.default(aten.where.self(longest, pos, aten.full.default([], n, dtype=torch.int64,
-                                                                           device=moved.device)), [-1], True)
-    return _back(aten.gather.default(values, -1, at), dim, keepdim), _back(aten.gather.default(index, -1, at), dim, keepdim)
+    at = aten.amin.default(
+        aten.where.self(longest, pos, aten.full.default([], n, dtype=torch.int64, device=moved.device)), [-1], True
+    )
+    return _back(aten.gather.default(values, -1, at), dim, keepdim), _back(
+        aten.gather.default(index, -1, at), dim, keepdim
+    )
 
 
 # NOTE: kthvalue's CPU kernel runs a quickselect (median-of-three pivot, Sedgewick's
@@ -249,6 +266,7 @@ def _quickselect_rows(moved, k, tied, index):
 
 def _quickselect(values, k):
     """The original index the CPU kernel's quickselect leaves at position ``k`` of ``values``."""
+
     def gt_or_nan(x, y):  # the kernel's comparator: NaN above everything, then >
         return (x != x and y == y) or x > y
 

@@ -45,9 +45,9 @@ import math
 
 import torch
 
-from eagerdecomp.ops.overlap import guard
 from eagerdecomp.decompositions.pointwise import _exponent, _pow2
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.overlap import guard
 
 aten = torch.ops.aten
 _F64, _F32 = torch.float64, torch.float32
@@ -102,7 +102,9 @@ def _round_odd(a, b):
     power = aten.logical_and.default(aten.eq.Tensor(safe, _pow2(e)), aten.gt.Scalar(e, -1022.0))
     step = aten.where.self(aten.logical_and.default(toward_zero, power), aten.mul.Tensor(ulp, 0.5), ulp)
     moved = aten.add.Tensor(u, aten.where.self(up, step, aten.neg.default(step)))
-    nudge = aten.logical_and.default(aten.logical_and.default(aten.ne.Scalar(err, 0.0), aten.logical_not.default(odd)), regular)
+    nudge = aten.logical_and.default(
+        aten.logical_and.default(aten.ne.Scalar(err, 0.0), aten.logical_not.default(odd)), regular
+    )
     return aten.where.self(nudge, moved, u)
 
 
@@ -169,6 +171,7 @@ def _linspace_values(start, end, steps, dtype, device):
         return aten.view.default(s, [1])
     i, k, low = _indices(steps, device)
     if dtype in _HALF:
+
         def r(x):  # one c10 16-bit operation: float arithmetic rounded to the 16-bit type
             return _cast(_cast(x, dtype), _F32)
 
@@ -238,7 +241,9 @@ def _theirs(start, end, dtype) -> bool:
     """Calls left to torch's decomposition, as before this module: complex results or arguments
     (not replayed here) and start/end tensors that are not 0-dim (its error)."""
     return (dtype is not None and dtype.is_complex) or any(
-        isinstance(v, complex) or (isinstance(v, torch.Tensor) and (v.dtype.is_complex or v.dim() != 0)) for v in (start, end))
+        isinstance(v, complex) or (isinstance(v, torch.Tensor) and (v.dtype.is_complex or v.dim() != 0))
+        for v in (start, end)
+    )
 
 
 def _torch_decomposition(op):
@@ -255,8 +260,9 @@ def _check_steps(steps):
 def _fill(compute, op, out_op):
     def functional(start, end, steps, *rest, dtype=None, layout=None, device=None, pin_memory=None):
         if _theirs(start, end, dtype):
-            return _torch_decomposition(op)(start, end, steps, *rest, dtype=dtype, layout=layout, device=device,
-                                            pin_memory=pin_memory)
+            return _torch_decomposition(op)(
+                start, end, steps, *rest, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory
+            )
         dtype = _dtype(dtype)
         _check_steps(steps)
         if steps > _MAX_STEPS or dtype == torch.bool:  # bool: eager has no kernel (it raises)

@@ -27,8 +27,18 @@ def _result_dtype(x):
 
 
 def _supported(x) -> bool:
-    return x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.int32,
-                       torch.int16, torch.int8, torch.uint8, torch.bool)
+    return x.dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
 
 
 def _f64(x):
@@ -61,9 +71,17 @@ def _frac_to_nearest(x):
 
 
 # -- lgamma: Lanczos (g = 7, 9 terms) for x >= 1/2, the reflection formula below ------------------
-_LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
-            -176.61502916214059, 12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6,
-            1.5056327351493116e-7)
+_LANCZOS = (
+    0.99999999999980993,
+    676.5203681218851,
+    -1259.1392167224028,
+    771.32342877765313,
+    -176.61502916214059,
+    12.507343278686905,
+    -0.13857109526572012,
+    9.9843695780195716e-6,
+    1.5056327351493116e-7,
+)
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -140,12 +158,18 @@ def _erfinv64(x):
     a = aten.abs.default(x)
     z = aten.mul.Tensor(x, x)
     central = aten.div.Tensor(aten.mul.Tensor(x, _poly(_ERFINV_A, z)), _poly(_ERFINV_B, z))
-    t = aten.sqrt.default(aten.neg.default(aten.log.default(aten.div.Tensor(aten.rsub.Scalar(aten.clamp.default(a, None, 1.0), 1.0), 2.0))))
+    t = aten.sqrt.default(
+        aten.neg.default(
+            aten.log.default(aten.div.Tensor(aten.rsub.Scalar(aten.clamp.default(a, None, 1.0), 1.0), 2.0))
+        )
+    )
     tail = aten.mul.Tensor(aten.sign.default(x), aten.div.Tensor(_poly(_ERFINV_C, t), _poly(_ERFINV_D, t)))
     y = _where(aten.le.Scalar(a, 0.7), central, tail)
     for _ in range(2):
-        step = aten.div.Tensor(aten.sub.Tensor(aten.erf.default(y), x),
-                               aten.mul.Tensor(aten.exp.default(aten.neg.default(aten.mul.Tensor(y, y))), _TWO_OVER_SQRT_PI))
+        step = aten.div.Tensor(
+            aten.sub.Tensor(aten.erf.default(y), x),
+            aten.mul.Tensor(aten.exp.default(aten.neg.default(aten.mul.Tensor(y, y))), _TWO_OVER_SQRT_PI),
+        )
         y = aten.sub.Tensor(y, step)
     y = _where(aten.eq.Scalar(a, 1.0), aten.mul.Tensor(aten.sign.default(x), math.inf), y)
     return _where(aten.gt.Scalar(a, 1.0), _c(math.nan, x), y)
@@ -312,7 +336,9 @@ def _ndtri64(p):
     out = _where(aten.le.Scalar(aten.abs.default(aten.sub.Tensor(p, 0.5)), 0.25), centre, tail)
     out = _where(aten.eq.Scalar(p, 0.0), _c(-math.inf, p), out)
     out = _where(aten.eq.Scalar(p, 1.0), _c(math.inf, p), out)
-    bad = aten.logical_or.default(aten.logical_or.default(aten.lt.Scalar(p, 0.0), aten.gt.Scalar(p, 1.0)), aten.isnan.default(p))
+    bad = aten.logical_or.default(
+        aten.logical_or.default(aten.lt.Scalar(p, 0.0), aten.gt.Scalar(p, 1.0)), aten.isnan.default(p)
+    )
     return _where(bad, _c(math.nan, p), out)
 
 
@@ -405,7 +431,9 @@ def special_zeta(self, other):
 def _trigamma64(x):
     reflect = aten.lt.Scalar(x, 0.5)
     s = aten.sin.default(aten.mul.Tensor(x, math.pi))
-    result = _where(reflect, aten.neg.default(aten.div.Tensor(_c(math.pi * math.pi, x), aten.mul.Tensor(s, s))), _c(0.0, x))
+    result = _where(
+        reflect, aten.neg.default(aten.div.Tensor(_c(math.pi * math.pi, x), aten.mul.Tensor(s, s))), _c(0.0, x)
+    )
     x = _where(reflect, aten.rsub.Scalar(x, 1.0), x)
     for _ in range(6):
         result = aten.add.Tensor(result, aten.reciprocal.default(aten.mul.Tensor(x, x)))
@@ -413,7 +441,9 @@ def _trigamma64(x):
     ixx = aten.reciprocal.default(aten.mul.Tensor(x, x))
     series = aten.rsub.Scalar(aten.mul.Tensor(ixx, 1.0 / 42), 1.0 / 30)
     series = aten.rsub.Scalar(aten.mul.Tensor(ixx, series), 1.0 / 6)
-    series = aten.add.Tensor(aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(x, 2.0)), 1.0), aten.mul.Tensor(ixx, series))
+    series = aten.add.Tensor(
+        aten.add.Tensor(aten.reciprocal.default(aten.mul.Tensor(x, 2.0)), 1.0), aten.mul.Tensor(ixx, series)
+    )
     result = aten.add.Tensor(result, aten.div.Tensor(series, x))
     return _where(reflect, aten.neg.default(result), result)
 

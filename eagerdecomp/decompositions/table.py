@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from torch._ops import OpOverload
 
-from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
+from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import is_out, overloads
 from eagerdecomp.ops.variants import foreach_table, variant_table
 
@@ -33,7 +33,49 @@ __all__ = ["default_table", "FAMILY_MODULES"]
 # eagerdecomp's own decompositions, one module per family; each registers its entries at import.
 # Their import order does not change the table: a second registration of an op raises, so each
 # op has one entry whatever the order.
-FAMILY_MODULES = ("tensors", "amp", "conj", "rng", "attention", "indexing", "backward", "losses", "matmul", "order", "selection", "fft", "samplers", "twins", "quantize", "fractional", "embedding_bag", "grid_sample", "antialias", "resample", "linalg", "cholesky", "householder", "matfuncs", "ldl", "lstsq", "special", "integer", "pointwise", "polynomials", "pooling", "margins", "spacing", "bessel", "histogram", "gamma", "rrelu", "segments", "rnn", "fastpath")
+FAMILY_MODULES = (
+    "tensors",
+    "amp",
+    "conj",
+    "rng",
+    "attention",
+    "indexing",
+    "backward",
+    "losses",
+    "matmul",
+    "order",
+    "selection",
+    "fft",
+    "samplers",
+    "twins",
+    "quantize",
+    "fractional",
+    "embedding_bag",
+    "grid_sample",
+    "antialias",
+    "resample",
+    "linalg",
+    "cholesky",
+    "householder",
+    "matfuncs",
+    "ldl",
+    "lstsq",
+    "special",
+    "integer",
+    "pointwise",
+    "polynomials",
+    "pooling",
+    "margins",
+    "spacing",
+    "bessel",
+    "histogram",
+    "gamma",
+    "rrelu",
+    "segments",
+    "rnn",
+    "fastpath",
+)
+
 
 def _torch_core_table() -> Table:
     import torch._decomp as d
@@ -45,12 +87,12 @@ def _torch_core_table() -> Table:
 # NOTE: the tables below are functions of the dispatcher's aten overloads alone (read once) and
 # cost about 15 ms to build: made once per process, not once per mode (a mode made per call
 # paid them every time). Callers only copy from them.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prims_to_aten() -> Table:
     return {op: op.impl_aten for op in overloads("prims") if getattr(op, "impl_aten", None) is not None}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _refs_by_name() -> Table:
     """aten overload -> ``torch._refs`` function of the same name, for prims targets.
 
@@ -75,7 +117,7 @@ def _refs_by_name() -> Table:
     return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _derived(make) -> Table:
     return make(overloads("aten"))
 

@@ -53,7 +53,10 @@ def view_copy(self, size):
 # whose result is not a tensor is decomposed on every call, never traced (Runtime._route_for).
 @project_decomposition(aten._has_same_storage_numel.default)
 def has_same_storage_numel(self, other):
-    return self.untyped_storage().nbytes() // self.element_size() == other.untyped_storage().nbytes() // other.element_size()
+    return (
+        self.untyped_storage().nbytes() // self.element_size()
+        == other.untyped_storage().nbytes() // other.element_size()
+    )
 
 
 @project_decomposition(aten.is_set_to.default)
@@ -79,13 +82,17 @@ def item(self):
 def equal(self, other):
     if self.shape != other.shape:
         return False
-    return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.ne.Tensor(self, other)))))
+    return bool(
+        aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.ne.Tensor(self, other))))
+    )
 
 
 @project_decomposition(aten.allclose.default)
 def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     close = aten.isclose.default(self, other, rtol, atol, equal_nan)
-    return bool(aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.logical_not.default(close)))))
+    return bool(
+        aten._local_scalar_dense.default(aten.logical_not.default(aten.any.default(aten.logical_not.default(close))))
+    )
 
 
 # NOTE: _is_all_true/_is_any_true (torch.distributions' argument checks call them) take a
@@ -105,7 +112,9 @@ def is_any_true(self):
 # an accelerator that is the host sync the native op avoids, but its answer is eager's.
 def _assert_nonzero(self, message):
     if self.numel() != 1:
-        raise RuntimeError(f"Boolean value of Tensor with {'no values' if self.numel() == 0 else 'more than one value'} is ambiguous")
+        raise RuntimeError(
+            f"Boolean value of Tensor with {'no values' if self.numel() == 0 else 'more than one value'} is ambiguous"
+        )
     if not aten._local_scalar_dense.default(aten.ne.Scalar(self, 0)):
         raise RuntimeError(message)
 

@@ -58,7 +58,11 @@ def slow_conv3d_forward(self, weight, kernel_size, bias, stride, padding):
 # as the body does for almost every element (relu's rule); any other sum is exact. The
 # kernel has no 16-bit float types: those calls have no path, as eager raises for them.
 def _positive_part(x):
-    keep = aten.logical_or.default(aten.gt.Scalar(x, 0), aten.isnan.default(x)) if x.is_floating_point() else aten.gt.Scalar(x, 0)
+    keep = (
+        aten.logical_or.default(aten.gt.Scalar(x, 0), aten.isnan.default(x))
+        if x.is_floating_point()
+        else aten.gt.Scalar(x, 0)
+    )
     return aten.where.self(keep, x, aten.zeros_like.default(x))
 
 

@@ -35,9 +35,9 @@ from collections import Counter
 
 import torch
 
-from eagerdecomp.runtime import library as _ext
 from eagerdecomp.errors import BackendError
 from eagerdecomp.ops.opset import RUNTIME_EXTRAS, OpSet
+from eagerdecomp.runtime import library as _ext
 
 __all__ = ["DEVICE_NAME", "DEVICE_RUNTIME_OPS", "reference_device", "device_ops", "op_log", "is_loaded"]
 
@@ -48,7 +48,9 @@ DEVICE_NAME = "edref"
 # empty_strided, as_strided, view, resize_, _local_scalar_dense, _to_copy); copy_ (in both
 # directions between CPU and the device) and as_strided_ are RUNTIME_EXTRAS.
 DEVICE_RUNTIME_OPS = {
-    "aten::set_.source_Storage_storage_offset": "rebinds a tensor to a storage (torch.load, Tensor.set_); no decomposition",
+    "aten::set_.source_Storage_storage_offset": (
+        "rebinds a tensor to a storage (torch.load, Tensor.set_); no decomposition"
+    ),
     "aten::set_.source_Storage": "the same, at offset 0",
     "aten::set_.source_Tensor": "Tensor.set_(other): share another tensor's storage; no decomposition",
     "aten::set_.default": "Tensor.set_(): an empty storage; no decomposition",
@@ -86,7 +88,11 @@ def device_ops() -> OpSet:
     CompositeImplicitAutograd ones of core ATen (which never reach a backend)."""
     runtime = OpSet(list(DEVICE_RUNTIME_OPS))
     ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS)) | runtime
-    keep = [op for op in ops if op.namespace == "aten" and _forwardable(op) and (op in runtime or not _composite_implicit(op))]
+    keep = [
+        op
+        for op in ops
+        if op.namespace == "aten" and _forwardable(op) and (op in runtime or not _composite_implicit(op))
+    ]
     return OpSet(keep, name=f"{DEVICE_NAME} kernels")
 
 
@@ -117,14 +123,18 @@ def _legacy_storages() -> dict:
     ``torch.<device>.FloatStorage(n)`` constructors look them up on the device module, as
     ``torch.cuda``'s. A class's device is read from its ``__module__``."""
     from torch._utils import classproperty
-    from torch.storage import _LegacyStorage, _dtype_to_storage_type_map
+    from torch.storage import _dtype_to_storage_type_map, _LegacyStorage
 
     def storage_class(name, dtype):
-        return type(name, (_LegacyStorage,), {
-            "__module__": f"torch.{DEVICE_NAME}",
-            "_dtype": classproperty(lambda cls: dtype),
-            "dtype": classproperty(lambda cls: dtype),
-        })
+        return type(
+            name,
+            (_LegacyStorage,),
+            {
+                "__module__": f"torch.{DEVICE_NAME}",
+                "_dtype": classproperty(lambda cls: dtype),
+                "dtype": classproperty(lambda cls: dtype),
+            },
+        )
 
     return {name: storage_class(name, dtype) for dtype, name in _dtype_to_storage_type_map().items()}
 

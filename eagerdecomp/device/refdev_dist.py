@@ -29,9 +29,9 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from eagerdecomp.runtime import library as _ext
-from eagerdecomp.errors import BackendError
 from eagerdecomp.device.refdev import DEVICE_NAME, reference_device
+from eagerdecomp.errors import BackendError
+from eagerdecomp.runtime import library as _ext
 
 __all__ = ["BACKEND", "EdrefProcessGroup", "register", "COLLECTIVES"]
 
@@ -46,9 +46,22 @@ COLLECTIVES = {
     "barrier": "dist.barrier",
 }
 _LACKING = (
-    "allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced", "_allgather_base",
-    "reduce", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced",
-    "gather", "scatter", "alltoall", "alltoall_base", "send", "recv", "recv_anysource", "monitored_barrier",
+    "allreduce_coalesced",
+    "allgather_coalesced",
+    "allgather_into_tensor_coalesced",
+    "_allgather_base",
+    "reduce",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_tensor_coalesced",
+    "gather",
+    "scatter",
+    "alltoall",
+    "alltoall_base",
+    "send",
+    "recv",
+    "recv_anysource",
+    "monitored_barrier",
 )
 
 

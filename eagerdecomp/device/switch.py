@@ -47,8 +47,8 @@ import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Union
 
 import torch
 from torch._C import DispatchKey
@@ -56,9 +56,9 @@ from torch._C import DispatchKey
 from eagerdecomp.errors import BackendError
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import op_from_name, op_names, returns_tensor
-from eagerdecomp.runtime.routes import device_refusal
 from eagerdecomp.runtime import hits as native
 from eagerdecomp.runtime.core import Runtime, runtime_for
+from eagerdecomp.runtime.routes import device_refusal
 from eagerdecomp.runtime.stats import Route
 
 __all__ = ["enable", "disable", "enabled", "device_opset", "enable_from_env", "DISPATCH_KEYS", "DeviceSwitch"]
@@ -129,7 +129,7 @@ def _dispatch_key(device_type: str) -> str:
     return key
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _overloads(name: str):
     op = op_from_name(name if "." in name.partition("::")[2] else name + ".default")
     return op if isinstance(op, torch._ops.OpOverload) else None
@@ -156,9 +156,13 @@ def _without_autograd(ops, key: str) -> list:
     gradient (with a warning). Nothing eagerdecomp does runs for such a call.
     """
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return sorted(str(op) for op in ops if has(op.name(), "CompositeImplicitAutograd")
-                  and returns_tensor(op)  # sizes, bools (_has_compatible_shallow_copy_type): no gradient
-                  and not has(op.name(), f"Autograd{key}"))
+    return sorted(
+        str(op)
+        for op in ops
+        if has(op.name(), "CompositeImplicitAutograd")
+        and returns_tensor(op)  # sizes, bools (_has_compatible_shallow_copy_type): no gradient
+        and not has(op.name(), f"Autograd{key}")
+    )
 
 
 def _runnable(op, key: str) -> bool:
@@ -207,7 +211,7 @@ def _fallback_for(runtime: Runtime, device_type: str):
 
 def enable(
     device,
-    opset: Union[str, OpSet, Iterable, None] = None,
+    opset: str | OpSet | Iterable | None = None,
     *,
     decompositions: Mapping | None = None,
     on_unsupported: str = "error",
@@ -244,8 +248,11 @@ def enable(
             "expected a device with an Inductor backend (cpu, cuda, xpu, ...). Pass your own graph "
             "compiler as compile=fn(graph_module, example_inputs), or compile=None to replay."
         )
-    settings = (opset if isinstance(opset, (str, type(None))) else OpSet.coerce(opset),
-                tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())), compile)
+    settings = (
+        opset if isinstance(opset, (str, type(None))) else OpSet.coerce(opset),
+        tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())),
+        compile,
+    )
     with _lock:
         current = _enabled.get(key)
         if current is not None:
@@ -291,8 +298,9 @@ def enable(
 
             runtime.serves_device = True
             names = [_impl_name(op) for op, _ in taken]
-            library = load().hit.Registration(runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names,
-                                              native.saver(runtime))
+            library = load().hit.Registration(
+                runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names, native.saver(runtime)
+            )
             composites = None
         else:
             library = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a fallback needs the global namespace
@@ -316,7 +324,7 @@ def _impl_name(op) -> str:
     return schema.name.partition("::")[2] + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _op(name: str, overload: str):
     ns, _, base = name.partition("::")
     return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
@@ -410,7 +418,9 @@ def enable_from_env(value: str | None = None) -> list:
     if value is None:
         value = os.environ.get("EAGERDECOMP_DEVICES", "")
         if not value and os.environ.get("EAGERDECOMP_BACKENDS"):
-            warnings.warn("EAGERDECOMP_BACKENDS is deprecated; set EAGERDECOMP_DEVICES", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "EAGERDECOMP_BACKENDS is deprecated; set EAGERDECOMP_DEVICES", DeprecationWarning, stacklevel=2
+            )
             value = os.environ["EAGERDECOMP_BACKENDS"]
     out = []
     for item in filter(None, (s.strip() for s in value.split(","))):

@@ -34,8 +34,8 @@ import collections
 import functools
 import operator
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Union
 
 import torch
 import torch.fx as fx
@@ -43,10 +43,10 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import _disable_current_modes
 
 from eagerdecomp.errors import UnsupportedOpError
-from eagerdecomp.runtime import routes
-from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.runtime import routes
 from eagerdecomp.runtime.core import runtime_for
+from eagerdecomp.runtime.lower import Lowerer, Stuck
 
 __all__ = ["compile_backend", "EagerDecompBackend", "LoweredGraph", "dynamo_backend", "default_backend", "register"]
 
@@ -238,7 +238,7 @@ class EagerDecompBackend:
 
 
 def compile_backend(
-    opset: Union[str, OpSet, Iterable] = "core_aten",
+    opset: str | OpSet | Iterable = "core_aten",
     compiler: Callable | None = None,
     decompositions: Mapping | None = None,
 ) -> EagerDecompBackend:

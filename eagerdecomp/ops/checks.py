@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch._prims_common import alert_not_deterministic
@@ -78,9 +78,18 @@ def _overlap(func, args, kwargs) -> None:
 
 # ATen's ScalarType names, which its messages use
 _NAMES = {
-    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
-    torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float", torch.float64: "Double",
-    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
 }
 
 
@@ -93,18 +102,31 @@ def scalar_type_name(dtype) -> str:
 # torch 2.13 by calling each mode of F.interpolate with every dtype.
 _FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 _UPSAMPLE_DTYPES = {
-    **{op: _FLOATING | {torch.uint8} for op in (
-        aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact1d,
-        aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d, aten.upsample_bilinear2d, aten.upsample_bicubic2d)},
+    **{
+        op: _FLOATING | {torch.uint8}
+        for op in (
+            aten.upsample_nearest1d,
+            aten.upsample_nearest2d,
+            aten.upsample_nearest3d,
+            aten._upsample_nearest_exact1d,
+            aten._upsample_nearest_exact2d,
+            aten._upsample_nearest_exact3d,
+            aten.upsample_bilinear2d,
+            aten.upsample_bicubic2d,
+        )
+    },
     **{op: _FLOATING for op in (aten.upsample_linear1d, aten.upsample_trilinear3d)},
-    **{op: frozenset({torch.uint8, torch.float32, torch.float64}) for op in (aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)},
+    **{
+        op: frozenset({torch.uint8, torch.float32, torch.float64})
+        for op in (aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
+    },
 }
 
 
 def _dtype_check(name: str, dtypes: frozenset):
     def check_dtype(input, *args, **kwargs):
         if input.dtype not in dtypes:
-            raise NotImplementedError(f'"{name}" not implemented for \'{scalar_type_name(input.dtype)}\'')
+            raise NotImplementedError(f"\"{name}\" not implemented for '{scalar_type_name(input.dtype)}'")
 
     return check_dtype
 
@@ -162,7 +184,9 @@ def _masked_select(self, mask, **out):
 def _logcumsumexp_out(self, dim, *, out):
     # NOTE: unlike a TensorIterator op, its out= must have the input's dtype
     if out.dtype != self.dtype:
-        raise RuntimeError(f"expected scalar_type {scalar_type_name(self.dtype)} but found {scalar_type_name(out.dtype)}")
+        raise RuntimeError(
+            f"expected scalar_type {scalar_type_name(self.dtype)} but found {scalar_type_name(out.dtype)}"
+        )
 
 
 # NOTE: under torch.use_deterministic_algorithms(True) eager's CPU kernels of these ops raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
@@ -53,7 +53,7 @@ _PRIMS_ATEN_EXTRAS = {
     aten.resize_.default: "out= arguments of the wrong size are resized as eager does",
 }
 
-OpLike = Union[str, OpOverload, OpOverloadPacket]
+OpLike = str | OpOverload | OpOverloadPacket
 
 
 def resolve_op(op: OpLike) -> list:
@@ -80,7 +80,9 @@ def resolve_op(op: OpLike) -> list:
         return [op]
     if isinstance(op, OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
-    raise UnknownOpError(f"cannot read {op!r} ({type(op).__name__}) as an op: expected an OpOverload, a packet or a name")
+    raise UnknownOpError(
+        f"cannot read {op!r} ({type(op).__name__}) as an op: expected an OpOverload, a packet or a name"
+    )
 
 
 class OpSet:
@@ -97,17 +99,15 @@ class OpSet:
         self._hash = hash(self.ops)
 
     @staticmethod
-    def preset(name: str) -> "OpSet":
+    def preset(name: str) -> OpSet:
         """Return a preset opset by name (see :data:`PRESETS`)."""
         try:
             return _PRESET_BUILDERS[name]()
         except KeyError:
-            raise UnknownOpError(
-                f"unknown opset preset {name!r}; presets are {sorted(_PRESET_BUILDERS)}"
-            ) from None
+            raise UnknownOpError(f"unknown opset preset {name!r}; presets are {sorted(_PRESET_BUILDERS)}") from None
 
     @classmethod
-    def coerce(cls, opset: Union["OpSet", str, Iterable[OpLike]]) -> "OpSet":
+    def coerce(cls, opset: OpSet | str | Iterable[OpLike]) -> OpSet:
         """Read a preset name, an OpSet, or an iterable of ops as an OpSet."""
         if isinstance(opset, OpSet):
             return opset
@@ -116,7 +116,7 @@ class OpSet:
         return cls(opset)
 
     @classmethod
-    def from_file(cls, path: str) -> "OpSet":
+    def from_file(cls, path: str) -> OpSet:
         """One op name per line; blank lines and ``#`` comments are skipped."""
         with open(path) as f:
             names = [line.split("#", 1)[0].strip() for line in f]
@@ -137,7 +137,7 @@ class OpSet:
     def __eq__(self, other) -> bool:
         return isinstance(other, OpSet) and self.ops == other.ops
 
-    def _combine(self, other, fn, sym) -> "OpSet":
+    def _combine(self, other, fn, sym) -> OpSet:
         other = OpSet.coerce(other)
         out = OpSet.__new__(OpSet)
         out.ops = fn(self.ops, other.ops)
@@ -161,16 +161,18 @@ class OpSet:
 
     def names(self) -> list:
         """Sorted op names, as ``aten::add.Tensor``."""
-        return sorted(f"{op._schema.name}{'.' + op._overloadname if op._overloadname != 'default' else ''}" for op in self.ops)
+        return sorted(
+            f"{op._schema.name}{'.' + op._overloadname if op._overloadname != 'default' else ''}" for op in self.ops
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _core_aten() -> OpSet:
     core = [op for op in overloads("aten") if torch.Tag.core in op.tags]
     return OpSet(core + list(RUNTIME_EXTRAS), name="core_aten")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prims() -> OpSet:
     import torch._prims  # noqa: F401  (registers the prims:: namespace)
 

@@ -179,9 +179,14 @@ def guard(op, functional, dests, inputs) -> None:
 # tensor that overlaps itself (``torch.rand(1).expand(4).fill_(0)``); True where eager warns,
 # on every call, that this is deprecated. Every other in-place op refuses such a tensor.
 _EXPANDED_WRITES = {
-    "fill_.Scalar": False, "zero_.default": False, "threshold_.default": False,
-    "masked_fill_.Scalar": True, "masked_fill_.Tensor": True,
-    "index_fill_.int_Scalar": True, "index_fill_.int_Tensor": True, "index_put_.default": True,
+    "fill_.Scalar": False,
+    "zero_.default": False,
+    "threshold_.default": False,
+    "masked_fill_.Scalar": True,
+    "masked_fill_.Tensor": True,
+    "index_fill_.int_Scalar": True,
+    "index_fill_.int_Tensor": True,
+    "index_put_.default": True,
 }
 EXPANDED_WARNING = (
     "Use of {} on expanded tensors is deprecated. Please clone() the tensor before performing this operation. "
@@ -232,7 +237,9 @@ def write_expanded(dest, result):
         new, old = (aten._to_copy.default(t, dtype=torch.int64) for t in (new, old))
     order = aten.arange.default(new.shape[0], device=dest.device)
     who = aten.where.self(aten.ne.Tensor(new, old), order, aten.full_like.default(order, -1))
-    winner = aten.scatter_reduce.two(aten.full.default([span], -1, dtype=torch.int64, device=dest.device), 0, pos, who, "amax")
+    winner = aten.scatter_reduce.two(
+        aten.full.default([span], -1, dtype=torch.int64, device=dest.device), 0, pos, who, "amax"
+    )
     picked = aten.index_select.default(new, 0, aten.clamp_min.default(winner, 0))
     current = aten._to_copy.default(slots, dtype=torch.int64) if dest.dtype in _BAREBONES else slots
     aten.copy_.default(slots, aten.where.self(aten.ge.Scalar(winner, 0), picked, current))

@@ -16,15 +16,24 @@ Example::
 from __future__ import annotations
 
 import functools
-from typing import Union
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-__all__ = ["op_from_name", "op_names", "overloads", "written", "out_args", "is_out", "is_inplace", "returns_tensor", "resizes_like_functional"]
+__all__ = [
+    "op_from_name",
+    "op_names",
+    "overloads",
+    "written",
+    "out_args",
+    "is_out",
+    "is_inplace",
+    "returns_tensor",
+    "resizes_like_functional",
+]
 
 
-def op_from_name(name: str) -> Union[OpOverload, OpOverloadPacket, None]:
+def op_from_name(name: str) -> OpOverload | OpOverloadPacket | None:
     """``"aten::add.Tensor"`` (or ``"aten.add.Tensor"``, ``"add"``) -> the op; a name without an
     overload gives the packet; None if torch has no such op. ``aten`` is the default namespace."""
     ns, sep, rest = name.replace("::", ".", 1).partition(".")
@@ -44,7 +53,7 @@ def op_names() -> tuple:
     return tuple(torch._C._dispatch_get_all_op_names())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def overloads(namespace: str) -> tuple:
     """Every ``OpOverload`` of ``namespace`` the dispatcher has, in its order (read once)."""
     out = []
@@ -56,25 +65,27 @@ def overloads(namespace: str) -> tuple:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def written(op: OpOverload) -> tuple:
     """Names of the arguments ``op`` writes (``Tensor(a!)`` in its schema), in order."""
     return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def out_args(op: OpOverload) -> tuple:
     """Names of ``op``'s out= arguments: the keyword-only arguments it writes."""
-    return tuple(a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    return tuple(
+        a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def returns_tensor(op: OpOverload) -> bool:
     """Whether any of ``op``'s results is a tensor (or a list of them); ``is_set_to`` returns a bool."""
     return any("Tensor" in str(r.type) for r in op._schema.returns)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _functional_layout_outs() -> frozenset:
     """``"add.out"``-style names of the out= overloads that resize ``out`` as their functional
     op allocates its result, read from the ``native_functions.yaml`` that torch ships in
@@ -85,21 +96,27 @@ def _functional_layout_outs() -> frozenset:
     import pathlib
 
     spec = importlib.util.find_spec("torchgen")
-    path = pathlib.Path(spec.origin).parent / "packaged/ATen/native/native_functions.yaml" if spec and spec.origin else None
+    path = (
+        pathlib.Path(spec.origin).parent / "packaged/ATen/native/native_functions.yaml"
+        if spec and spec.origin
+        else None
+    )
     if path is None or not path.is_file():
         return frozenset()
     names, current = set(), None
     for line in path.read_text().splitlines():
         if line.startswith("- func:"):
             current = line.split(":", 1)[1].strip().split("(", 1)[0]
-        elif current and (line.strip() in ("structured: True", "structured_inherits: TensorIteratorBase")
-                          or "NoCheck   # TensorIterator" in line):
+        elif current and (
+            line.strip() in ("structured: True", "structured_inherits: TensorIteratorBase")
+            or "NoCheck   # TensorIterator" in line
+        ):
             names.add(current)
     # NOTE: addr's kernel is a TensorIterator the yaml does not mark (found by the layouts sweep)
     return frozenset(n for n in names if "." in n) | {"addr.out"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resizes_like_functional(op: OpOverload) -> bool:
     """An out= overload whose kernel, when it resizes ``out``, gives it the strides of the
     functional op's result (a column-major input makes a column-major out). Other kernels

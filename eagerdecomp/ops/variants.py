@@ -17,7 +17,16 @@ import torch
 from eagerdecomp.ops.overlap import guard, write_expanded, writes_expanded
 from eagerdecomp.ops.schema import is_out, written
 
-__all__ = ["functional_variant", "variant_table", "foreach_table", "out_variant", "per_tensor_op", "resize_out", "ResizeOutputWarning", "with_defaults"]
+__all__ = [
+    "functional_variant",
+    "variant_table",
+    "foreach_table",
+    "out_variant",
+    "per_tensor_op",
+    "resize_out",
+    "ResizeOutputWarning",
+    "with_defaults",
+]
 
 
 class ResizeOutputWarning(UserWarning):
@@ -47,7 +56,7 @@ def _arg_types(op, skip_out: bool):
     return [str(a.type) for a in args], [a.name for a in args]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def functional_variant(op):
     """``aten.add_.Tensor -> aten.add.Tensor``, ``aten.add.out -> aten.add.Tensor``, else None.
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import cachetools
 
@@ -256,8 +256,15 @@ class KernelCache:
             negative = sum(isinstance(v, NEGATIVE) for v in self._lru.values())
             members = [len(f.members) for f in self._families.values()]
             return CacheInfo(
-                self.hits + served, self.misses, len(self._lru), self._lru.maxsize, negative,
-                sum(1 for m in members if m), sum(members), self.family_hits, self.programs_preloaded,
+                self.hits + served,
+                self.misses,
+                len(self._lru),
+                self._lru.maxsize,
+                negative,
+                sum(1 for m in members if m),
+                sum(members),
+                self.family_hits,
+                self.programs_preloaded,
             )
 
     def __len__(self) -> int:
@@ -266,7 +273,7 @@ class KernelCache:
 
 _CACHES: dict = {}
 _CACHES_LOCK = threading.Lock()
-_LIVE: "weakref.WeakSet[KernelCache]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[KernelCache] = weakref.WeakSet()
 
 
 def cache_for(key) -> KernelCache:

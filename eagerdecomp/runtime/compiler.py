@@ -41,15 +41,15 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_unflatten
 
-from eagerdecomp.ops import overlap
 from eagerdecomp.errors import UnsupportedArgumentError
+from eagerdecomp.ops import overlap
 from eagerdecomp.runtime.observe import log
 from eagerdecomp.runtime.recording import RecordingMode
 
@@ -73,12 +73,24 @@ VARYING = 8
 # accumulate over clamped float coordinates) corrupted the heap on OpInfo's float64 samples and
 # aborted the process (the compiled conformance run), where replay gives eager's gradients.
 _aten = torch.ops.aten
-_INDIRECT_WRITES = frozenset({
-    _aten.index_put.default, _aten._unsafe_index_put.default, _aten.scatter.src, _aten.scatter.value,
-    _aten.scatter.reduce, _aten.scatter.value_reduce, _aten.scatter_add.default, _aten.scatter_reduce.two,
-    _aten.index_add.default, _aten.index_copy.default, _aten.index_fill.int_Scalar, _aten.index_fill.int_Tensor,
-    _aten.masked_scatter.default, _aten.put.default,
-})
+_INDIRECT_WRITES = frozenset(
+    {
+        _aten.index_put.default,
+        _aten._unsafe_index_put.default,
+        _aten.scatter.src,
+        _aten.scatter.value,
+        _aten.scatter.reduce,
+        _aten.scatter.value_reduce,
+        _aten.scatter_add.default,
+        _aten.scatter_reduce.two,
+        _aten.index_add.default,
+        _aten.index_copy.default,
+        _aten.index_fill.int_Scalar,
+        _aten.index_fill.int_Tensor,
+        _aten.masked_scatter.default,
+        _aten.put.default,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class ByValue:
     def __call__(self, inputs: list):
         if self.ints:
             inputs += self.ints  # C++ passes tensors and lifted floats; the key fixes the ints
-        c = self.fns.get(tuple(inputs[self.n:]))
+        c = self.fns.get(tuple(inputs[self.n :]))
         return self.miss if c is None else c.flat(inputs)
 
     def program(self):
@@ -176,8 +188,10 @@ def _shares_storage(inputs, written) -> bool:
     """Whether a written input shares memory with another tensor input (or another object of it)."""
     for i in written:
         ptr = inputs[i].untyped_storage().data_ptr()
-        if any(j != i and isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
-               for j, t in enumerate(inputs)):
+        if any(
+            j != i and isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
+            for j, t in enumerate(inputs)
+        ):
             return True
     return False
 
@@ -288,9 +302,11 @@ def plan(kernel, fuse_writes: bool = False) -> Plan | Declined:
         return Declined("one op: nothing to fuse")
     fused = tuple(index[dst] for dst, _ in writes) if fuse_writes else ()
     unshared_ok = bool(fused) and all(
-        fn is overlap._replay_check and {d.index for d in args[1]} <= set(fused) for fn, (args, _) in checks)
-    return Plan(torch.fx.GraphModule(kernel.module, graph), tuple(checks), tuple(w), tuple(outs), compute, fused,
-                unshared_ok)
+        fn is overlap._replay_check and {d.index for d in args[1]} <= set(fused) for fn, (args, _) in checks
+    )
+    return Plan(
+        torch.fx.GraphModule(kernel.module, graph), tuple(checks), tuple(w), tuple(outs), compute, fused, unshared_ok
+    )
 
 
 def worth(p: Plan, inputs) -> bool:
@@ -302,7 +318,9 @@ def worth(p: Plan, inputs) -> bool:
     A kernel that writes an input keeps eager's overlap checks and its copy_ either way,
     which dominate on small tensors: it compiles on size alone.
     """
-    return (p.compute >= MIN_OPS and not (p.writes or p.fused)) or max((t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0) >= MIN_NUMEL
+    return (p.compute >= MIN_OPS and not (p.writes or p.fused)) or max(
+        (t.numel() for t in inputs if isinstance(t, torch.Tensor)), default=0
+    ) >= MIN_NUMEL
 
 
 def _fill(tree, inputs):
@@ -352,10 +370,9 @@ def _inductor(gm, example_inputs):
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir("inductor"))
     import torch._inductor
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     # NOTE: fake example inputs with a ShapeEnv (every size static): Inductor's FX graph
     # cache keys on the shape environment and bypasses graphs compiled from real tensors.
@@ -486,7 +503,7 @@ class Compiler:
         with self._lock:
             entry = self._by_value.get(key)
             if entry is None:
-                entry = self._by_value[key] = ByValue(n_tensors, list(inputs[n_tensors + n_lifted:]), MISS)
+                entry = self._by_value[key] = ByValue(n_tensors, list(inputs[n_tensors + n_lifted :]), MISS)
             entry.fns[vkey[1]] = verdict
         return entry.program()
 
@@ -567,12 +584,14 @@ class Compiler:
                 got = compiled.flat(mine)
             mine_advanced = tuple(mine[i]._version - b for i, b in zip(written, mine_before))
         except Exception as e:  # noqa: BLE001 - any compiler failure falls back to replay
-            return self._decline(kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return self._decline(
+                kernel, stats, f"{self.name} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
         compiled.seconds = time.perf_counter() - t0
         # NOTE: Inductor runs matmuls and some scatters as extern kernels, called by their out= or
         # in-place forms (aten.mm.out, aten.scatter_reduce_.two): outside the opset, so not compiled
         outside = seen.outside(self.opset) if self.opset is not None else []
-        bad = (f"calls ops outside the opset: {', '.join(outside)}" if outside else None)
+        bad = f"calls ops outside the opset: {', '.join(outside)}" if outside else None
         bad = bad or _check(got, want, mine, theirs) or _check(mine, theirs, mine, theirs)
         if not bad and mine_advanced != advanced:
             bad = f"advanced the written inputs' versions by {mine_advanced}, replay by {advanced}"

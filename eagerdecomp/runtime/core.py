@@ -13,35 +13,43 @@ import traceback
 import warnings
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten
 
-from eagerdecomp.runtime.cache import ByValue, Bypassed, KernelCache, Unsupported, cache_for
+from eagerdecomp.decompositions.registry import version as table_version
+from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.errors import EagerDecompError, MismatchError, UnsupportedArgumentError, UnsupportedOpError
-from eagerdecomp.runtime.key import Bypass, make_key
-from eagerdecomp.runtime import routes
-from eagerdecomp.runtime.lower import Lowerer, Stuck
+from eagerdecomp.ops.checks import check
 from eagerdecomp.ops.opset import OpSet, resolve_op
 from eagerdecomp.ops.schema import returns_tensor
-from eagerdecomp.runtime.replay import Kernel
-from eagerdecomp.decompositions.registry import version as table_version
-from eagerdecomp.runtime.stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
+from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import routes
+from eagerdecomp.runtime.cache import Bypassed, ByValue, KernelCache, Unsupported, cache_for
 from eagerdecomp.runtime.compiler import PENDING, compiler_for
 from eagerdecomp.runtime.disk import enabled as disk_enabled
 from eagerdecomp.runtime.disk import store_for
+from eagerdecomp.runtime.exact import (
+    Refusal,
+    concrete_fake_mode,
+    fakes_like,
+    layout_matters,
+    reference,
+    refused,
+    relayout,
+    same_strides,
+    unalias,
+)
 from eagerdecomp.runtime.family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from eagerdecomp.runtime.family import enabled as family_enabled
-from eagerdecomp.runtime.symbolic import NotGeneric
-from eagerdecomp.runtime.exact import Refusal, concrete_fake_mode, fakes_like, reference, refused, same_strides
-from torch.utils._pytree import tree_flatten
-from torch.utils._python_dispatch import _disable_current_modes
-from eagerdecomp.decompositions.table import default_table
-from eagerdecomp.runtime.lift import lift_positions, split, wrapped_positions
-from eagerdecomp.runtime.exact import layout_matters, relayout, unalias
-from eagerdecomp.ops.checks import check
 from eagerdecomp.runtime.fwad import below_forward_ad
+from eagerdecomp.runtime.key import Bypass, make_key
+from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
+from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.observe import log, profiling, ranged
-from eagerdecomp.runtime.lift import LiftRefused
+from eagerdecomp.runtime.replay import Kernel
+from eagerdecomp.runtime.stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
+from eagerdecomp.runtime.symbolic import NotGeneric
 from eagerdecomp.runtime.trace import trace, trace_family
-from eagerdecomp.runtime import hits as native
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
@@ -65,7 +73,9 @@ class Runtime:
     The kernel cache is shared by every runtime with the same opset and table.
     """
 
-    def __init__(self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None, compiler=None):
+    def __init__(
+        self, opset: OpSet, table: dict, cache: KernelCache, on_unsupported: str = "error", store=None, compiler=None
+    ):
         if on_unsupported not in ON_UNSUPPORTED:
             raise EagerDecompError(f"on_unsupported must be one of {ON_UNSUPPORTED}, got {on_unsupported!r}")
         self.opset = opset
@@ -227,7 +237,8 @@ class Runtime:
         out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
         flat = tree_flatten(out)[0]
         if len(flat) == len(ref.outs) and all(
-            not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o)) for o, r in zip(flat, ref.outs)
+            not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o))
+            for o, r in zip(flat, ref.outs)
         ):
             store = self._store()
             if store is not None:  # checked here, so a later process loads it by key, unchecked
@@ -240,8 +251,10 @@ class Runtime:
         self.cache.discard(key)
         self.cache.set_family(self._tls.fkey, Family((), "replayed layout differed from eager's"))
         if func._schema.is_mutable:
-            raise MismatchError(f"{func}: a shape-generic kernel returned a layout eager does not; "
-                                "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this")
+            raise MismatchError(
+                f"{func}: a shape-generic kernel returned a layout eager does not; "
+                "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this"
+            )
         return self.decompose(func, args, kwargs)
 
     def _from_family(self, func, args, kwargs, tensors, lifted, key):
@@ -281,7 +294,12 @@ class Runtime:
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
             if not member.guard(tensors, ints) or not agrees(member, tensors, ref(), ints):
                 raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
-            log.info("%s: traced a shape-generic kernel in %.1f ms; guard: %s", func, 1e3 * (time.perf_counter() - t0), member.guard.source)
+            log.info(
+                "%s: traced a shape-generic kernel in %.1f ms; guard: %s",
+                func,
+                1e3 * (time.perf_counter() - t0),
+                member.guard.source,
+            )
             return member
 
         store = self._store()
@@ -345,7 +363,9 @@ class Runtime:
         except UnsupportedOpError as e:
             log.info("%s: no path to the opset (%s)", func, e.reason)
             return Unsupported(tuple(e.chain), e.reason)
-        log.info("%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops))
+        log.info(
+            "%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops)
+        )
         log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
         if store is not None and key is not None:

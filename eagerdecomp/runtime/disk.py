@@ -43,6 +43,7 @@ import weakref
 from pathlib import Path
 
 import torch
+
 from eagerdecomp.runtime.paths import cache_dir
 from eagerdecomp.runtime.quiet import quiet
 
@@ -76,7 +77,7 @@ def _op_from_name(name: str):
     return getattr(getattr(getattr(torch.ops, ns), packet), overload)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _namedtuple(module: str, name: str, fields: tuple):
     """A stand-in for a namedtuple class made at runtime (torch's refs return types):
     same name and fields, one class per process."""
@@ -201,7 +202,9 @@ def _kernel_from(data: dict):
 
     module = _graph_from(data["graph"], data["constants"], data["class"], data["op"])
     spec = data["spec"]
-    kernel = Kernel(_op_from_name(data["op"]), module, spec, [(t, UserWarning) for t in data["warnings"]], data["fixups"])
+    kernel = Kernel(
+        _op_from_name(data["op"]), module, spec, [(t, UserWarning) for t in data["warnings"]], data["fixups"]
+    )
     kernel.ints = tuple(tuple(p) for p in data["ints"])
     return kernel
 
@@ -355,7 +358,6 @@ class Store:
     def save_members(self, fkey, members) -> None:
         self._write(repr(fkey.parts), "family", lambda: [_member_data(m) for m in members])
 
-
     # -- the C++ hit path's programs (eagerdecomp.native) -------------------------------------
     # NOTE: a program is filed under the C++ table's own key words, whose layout is the C++
     # library's: each build has its folder (``lib`` names it), never read by another build.
@@ -429,7 +431,7 @@ class Store:
 
 MAX_PROGRAMS = 4096  # programs kept per library build and fingerprint (the newest)
 MAX_ENTRIES = int(os.environ.get("EAGERDECOMP_DISK_ENTRIES", "32768"))  # entry files per fingerprint
-_STORES: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 @atexit.register

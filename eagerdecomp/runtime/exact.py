@@ -35,13 +35,27 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from eagerdecomp.ops.checks import check
 from eagerdecomp.errors import DeviceMismatchError, MismatchError
+from eagerdecomp.ops.checks import check
+from eagerdecomp.ops.schema import out_args, resizes_like_functional, returns_tensor
 from eagerdecomp.runtime.lower import IDENTITY_OPS
 from eagerdecomp.runtime.quiet import quiet
-from eagerdecomp.ops.schema import out_args, resizes_like_functional, returns_tensor
 
-__all__ = ["fakes_like", "reference", "Refusal", "refused", "finish_outputs", "unalias", "check_devices", "new_fake_mode", "concrete_fake_mode", "swap_tensors", "layout_matters", "relayout", "flat_tensors"]
+__all__ = [
+    "fakes_like",
+    "reference",
+    "Refusal",
+    "refused",
+    "finish_outputs",
+    "unalias",
+    "check_devices",
+    "new_fake_mode",
+    "concrete_fake_mode",
+    "swap_tensors",
+    "layout_matters",
+    "relayout",
+    "flat_tensors",
+]
 
 aten = torch.ops.aten
 
@@ -59,7 +73,7 @@ def _storage(t):
     return StorageWeakRef(t.untyped_storage())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _indices_at(func) -> int | None:
     """Position of ``func``'s ``Tensor?[] indices`` argument, or None."""
     for i, a in enumerate(func._schema.arguments):
@@ -100,7 +114,9 @@ class _Ref:
         storages = {_storage(t) for t in inputs if t.layout == torch.strided}
         # NOTE: whether an output shares memory with an input is read from the meta kernel,
         # not the schema: unsafe_split/unsafe_chunk return views with no alias annotation.
-        self.shares = [isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in storages for o in outs]
+        self.shares = [
+            isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in storages for o in outs
+        ]
 
     def out(self, i):
         return self.outs[i] if i < len(self.outs) else None
@@ -166,7 +182,9 @@ def fakes_like(mode, tensors, layouts=None) -> list:
         for j, t in enumerate(tensors):
             f = memo.get(id(t))
             if f is None:
-                sizes, strides, offset = layouts[j] if layouts is not None else (t.shape, t.stride(), t.storage_offset())
+                sizes, strides, offset = (
+                    layouts[j] if layouts is not None else (t.shape, t.stride(), t.storage_offset())
+                )
                 if t.storage_offset() == 0 and _dense(t.shape, t.stride()):
                     meta = torch.empty_strided(sizes, strides, dtype=t.dtype, device="meta")
                 else:
@@ -234,7 +252,11 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     like_functional = resizes_like_functional(func)
-    before = [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)] if like_functional else ()
+    before = (
+        [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)]
+        if like_functional
+        else ()
+    )
     try:
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
@@ -302,7 +324,9 @@ def _functional_strides(func, fargs, fkwargs, outs, before, mode):
             with mode:
                 result = _META_LAYOUT_FIXES[functional](result, fargs)
         if not _dense(result.shape, result.stride()):
-            fixed.append(out)  # (eager resizes an out dense; a meta kernel that kept a strided input's strides is not it)
+            fixed.append(
+                out
+            )  # (eager resizes an out dense; a meta kernel that kept a strided input's strides is not it)
             continue
         with mode:
             fixed.append(out.as_strided(out.shape, result.stride(), out.storage_offset()))
@@ -364,10 +388,19 @@ _META_LAYOUT_FIXES = {
     aten.log_sigmoid_forward.default: _cpu_contiguous,
     **dict.fromkeys(
         [
-            aten.native_dropout_backward.default, aten.copysign.Tensor, aten.floor_divide.default, aten.div.Tensor_mode,
-            aten.heaviside.default, aten.hardsigmoid_backward.default, aten.hardswish_backward.default,
-            aten.logaddexp.default, aten.logaddexp2.default, aten.xlogy.Tensor,
-            aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
+            aten.native_dropout_backward.default,
+            aten.copysign.Tensor,
+            aten.floor_divide.default,
+            aten.div.Tensor_mode,
+            aten.heaviside.default,
+            aten.hardsigmoid_backward.default,
+            aten.hardswish_backward.default,
+            aten.logaddexp.default,
+            aten.logaddexp2.default,
+            aten.xlogy.Tensor,
+            aten.logical_and.default,
+            aten.logical_or.default,
+            aten.logical_xor.default,
         ],
         _pointwise_layout,
     ),
@@ -377,9 +410,13 @@ _META_LAYOUT_FIXES = {
     aten.channel_shuffle.default: _cpu_suggested_layout,  # (other devices: a composite of views)
     **dict.fromkeys(
         [
-            aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
-            aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit_no_training.default,
-            aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default,
+            aten.native_batch_norm.default,
+            aten._native_batch_norm_legit.default,
+            aten._native_batch_norm_legit.no_stats,
+            aten._native_batch_norm_legit_functional.default,
+            aten._native_batch_norm_legit_no_training.default,
+            aten._batch_norm_with_update.default,
+            aten._batch_norm_with_update_functional.default,
             aten._batch_norm_no_update.default,
         ],
         _suggested_layout,
@@ -476,7 +513,9 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
             name, is_write = alias
             src = _arg_by_name(schema, fargs, fkwargs, name)
             if is_write and o is not src:
-                raise MismatchError(f"{func}: its decomposition does not return the mutated input {name!r}, as eager does")
+                raise MismatchError(
+                    f"{func}: its decomposition does not return the mutated input {name!r}, as eager does"
+                )
             if is_write and resizes_like_functional(func) and isinstance(r, torch.Tensor):
                 if o.numel() > 1 and not _same_view(r, o):
                     # NOTE: an out= tensor that eager resized takes the strides its kernel computes
@@ -494,7 +533,9 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
                 # NOTE: an alias annotation says "may alias": to.dtype returns self when nothing
                 # changes and a copy otherwise, so a copy is wrong only where eager's shares.
                 elif _storage(o) != _storage(src) and (ref is None or eager_shares):
-                    raise MismatchError(f"{func}: its decomposition returns a copy where eager returns a view of {name!r}")
+                    raise MismatchError(
+                        f"{func}: its decomposition returns a copy where eager returns a view of {name!r}"
+                    )
         elif _storage(o) in in_storages:
             if not eager_shares:
                 o, _ = emitter(aten.clone.default, (o,), {}), fixups.append("clone")
@@ -505,10 +546,16 @@ def finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals=
                     "decomposition or add the op to the opset"
                 )
         elif eager_shares:
-            raise MismatchError(f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input")
+            raise MismatchError(
+                f"{func}: output {i} of its decomposition is a copy where eager returns a view of an input"
+            )
         elif isinstance(r, torch.Tensor) and o.numel() > 1 and not same_strides(r, o):
             with emitter.fake_mode:
-                fresh = emitter(aten.empty_strided.default, (list(r.shape), list(r.stride())), {"dtype": r.dtype, "device": r.device})
+                fresh = emitter(
+                    aten.empty_strided.default,
+                    (list(r.shape), list(r.stride())),
+                    {"dtype": r.dtype, "device": r.device},
+                )
             o, _ = emitter(aten.copy_.default, (fresh, o), {}), fixups.append("restride")
         nodes.append(emitter.node(o))
         finals.append(o)
@@ -551,7 +598,9 @@ def relayout(func, args, kwargs, out, ref):
                 aten.copy_.default(o, values)
             elif o.stride() != r.stride():  # only size-1 dims differ: metadata alone
                 aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
-        elif not same_strides(r, o) and not (i < len(ref.shares) and ref.shares[i]):  # (eager's views are not ours to move)
+        elif not same_strides(r, o) and not (
+            i < len(ref.shares) and ref.shares[i]
+        ):  # (eager's views are not ours to move)
             fresh = aten.empty_strided.default(list(r.shape), list(r.stride()), dtype=o.dtype, device=o.device)
             flat[i] = aten.copy_.default(fresh, o)
     return tree_unflatten(flat, spec)
@@ -572,7 +621,9 @@ def unalias(func, args, kwargs, out):
     if not any(isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs for o in flat):
         return out
     flat = [
-        aten.clone.default(o) if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs else o
+        aten.clone.default(o)
+        if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs
+        else o
         for o in flat
     ]
     return tree_unflatten(flat, spec)

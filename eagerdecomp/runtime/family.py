@@ -36,15 +36,23 @@ from eagerdecomp.runtime.key import Key
 from eagerdecomp.runtime.symbolic import NotGeneric, bindings, evaluate
 
 __all__ = [
-    "enabled", "Member", "Family", "family_key", "out_meta", "agrees", "MAX_MEMBERS",
-    "symint_positions", "int_paths", "read_ints",
+    "enabled",
+    "Member",
+    "Family",
+    "family_key",
+    "out_meta",
+    "agrees",
+    "MAX_MEMBERS",
+    "symint_positions",
+    "int_paths",
+    "read_ints",
 ]
-
 
 
 def enabled() -> bool:
     """``EAGERDECOMP_SHAPE_GENERIC=0`` keeps every op on exact-shape kernels (as before families)."""
     return os.environ.get("EAGERDECOMP_SHAPE_GENERIC", "1") != "0"
+
 
 # a family that needs more members than this is specializing on sizes: exact kernels are cheaper
 MAX_MEMBERS = 8

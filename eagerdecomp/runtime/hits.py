@@ -32,10 +32,10 @@ import weakref
 
 import torch
 
+from eagerdecomp.ops.overlap import PARTIAL
 from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime.family import read_ints
 from eagerdecomp.runtime.lift import Each
-from eagerdecomp.ops.overlap import PARTIAL
 from eagerdecomp.runtime.program import NoProgram, Slot, specialize
 
 __all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for", "preload", "saver"]
@@ -46,7 +46,7 @@ MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
 MAXSIZE = int(os.environ.get("EAGERDECOMP_CACHE_SIZE", "4096"))
 _NO_PROGRAM_MAX = 4096  # keys remembered as having no program, per runtime (then forgotten)
 
-_tables: "weakref.WeakSet" = weakref.WeakSet()  # runtimes with a table, for clear_all
+_tables: weakref.WeakSet = weakref.WeakSet()  # runtimes with a table, for clear_all
 _lock = threading.Lock()
 _init = []
 
@@ -116,7 +116,8 @@ def _changed(key, tensors) -> bool:
     """Whether a tensor's sizes, strides or offset differ from the key's (read before the call)."""
     metas = [p for p in key.parts if type(p) is tuple and len(p) == 7 and type(p[0]) is torch.Size]
     return len(metas) != len(tensors) or any(
-        (m[0], m[1], m[2]) != (t.shape, t.stride(), t.storage_offset()) for m, t in zip(metas, tensors))
+        (m[0], m[1], m[2]) != (t.shape, t.stride(), t.storage_offset()) for m, t in zip(metas, tensors)
+    )
 
 
 def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None) -> None:

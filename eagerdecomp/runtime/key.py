@@ -18,7 +18,6 @@ decomposed eagerly (still only opset ops below), never replayed.
 
 from __future__ import annotations
 
-
 import torch
 
 from eagerdecomp.runtime.lift import Lifted
@@ -125,8 +124,6 @@ def ambient_state() -> tuple:
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),  # an alert raises or warns
     )
-
-
 
 
 def _load_native():

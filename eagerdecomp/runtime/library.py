@@ -82,8 +82,7 @@ def _prebuilt():
     built = _state["built_with"] = getattr(lib, "BUILT_WITH_TORCH", None)
     if built is None or _release(built) != _release(torch.__version__):
         _state["error"] = (
-            f"it was built against torch {built}, this is torch {torch.__version__}; "
-            "rebuild it against this torch"
+            f"it was built against torch {built}, this is torch {torch.__version__}; rebuild it against this torch"
         )
         return None
     _state.update(lib=lib, loaded="prebuilt", path=getattr(lib, "__file__", None))
@@ -102,15 +101,23 @@ def _jit():
     t0 = time.perf_counter()
     try:
         lib = cpp.load(
-            name="eagerdecomp_C", sources=srcs, build_directory=build_dir,
-            extra_cflags=["-O2"], verbose=os.environ.get("EAGERDECOMP_VERBOSE_BUILD") == "1",
+            name="eagerdecomp_C",
+            sources=srcs,
+            build_directory=build_dir,
+            extra_cflags=["-O2"],
+            verbose=os.environ.get("EAGERDECOMP_VERBOSE_BUILD") == "1",
         )
     except Exception as e:  # noqa: BLE001 - no compiler, no headers, a compile error...
         # the compiler's last lines say why; the whole log is rebuilt with EAGERDECOMP_VERBOSE_BUILD=1
         _state["error"] = f"just-in-time build in {build_dir} failed: ...{str(e)[-600:]}"
         return None
-    _state.update(lib=lib, loaded="jit", build_s=time.perf_counter() - t0, path=getattr(lib, "__file__", None),
-                  built_with=getattr(lib, "BUILT_WITH_TORCH", None))
+    _state.update(
+        lib=lib,
+        loaded="jit",
+        build_s=time.perf_counter() - t0,
+        path=getattr(lib, "__file__", None),
+        built_with=getattr(lib, "BUILT_WITH_TORCH", None),
+    )
     return lib
 
 

@@ -36,8 +36,16 @@ import torch
 from eagerdecomp.decompositions.numerics import to_float32
 
 __all__ = [
-    "Lifted", "Each", "lift_positions", "wrapped_positions", "split", "with_values", "stand_ins", "same_kernel",
-    "LiftRefused", "SPECIAL",
+    "Lifted",
+    "Each",
+    "lift_positions",
+    "wrapped_positions",
+    "split",
+    "with_values",
+    "stand_ins",
+    "same_kernel",
+    "LiftRefused",
+    "SPECIAL",
 ]
 
 SPECIAL = frozenset({0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0})

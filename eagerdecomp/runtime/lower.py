@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eagerdecomp.runtime import routes
 from eagerdecomp.ops.checks import alert
-from eagerdecomp.runtime.routes import is_infrastructure  # noqa: F401 - re-exported
 from eagerdecomp.ops.variants import functional_variant
+from eagerdecomp.runtime import routes
+from eagerdecomp.runtime.routes import is_infrastructure  # noqa: F401 - re-exported
 
 __all__ = ["Lowerer", "Stuck", "IDENTITY_OPS"]
 
@@ -29,7 +29,6 @@ MAX_DEPTH = 64
 # NOTE: lift_fresh returns its argument object itself; torch.tensor() inside a
 # decomposition calls it on a real constant, which tracing bakes into the kernel.
 IDENTITY_OPS = {aten.lift_fresh.default}
-
 
 
 # NOTE: which non-ATen ops pass through (infrastructure, collectives, opaque custom

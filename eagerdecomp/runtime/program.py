@@ -65,10 +65,22 @@ class NoProgram(Exception):
 
 
 # Plain functions a shape-generic kernel calls on sizes: evaluated once at concrete values.
-_EVALUATED = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.pow,
-              operator.neg, symbolic.sym_max, symbolic.sym_min}
-_READS = {symbolic.size: lambda t, d: t.size(d), symbolic.stride: lambda t, d: t.stride(d),
-          symbolic.offset: lambda t: t.storage_offset()}
+_EVALUATED = {
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    operator.neg,
+    symbolic.sym_max,
+    symbolic.sym_min,
+}
+_READS = {
+    symbolic.size: lambda t, d: t.size(d),
+    symbolic.stride: lambda t, d: t.stride(d),
+    symbolic.offset: lambda t: t.storage_offset(),
+}
 
 
 # pytree's node types of a flat sequence of outputs (tuple, list, namedtuple, structseq)
@@ -76,7 +88,7 @@ _SEQUENCES = {tuple, list, collections.namedtuple, getattr(pytree, "structseq", 
 _RULES = {"internal": 1, "partial": 2, "any": 4}  # csrc/hit.cpp's overlap check reads these bits
 
 
-@functools.lru_cache(maxsize=None)  # one entry per aten overload a kernel calls
+@functools.cache  # one entry per aten overload a kernel calls
 def _returns(op) -> str:
     """``"tensors"`` (n Tensor returns), ``"list"`` (one Tensor[]), or why not."""
     kinds = {str(r.type) for r in op._schema.returns}

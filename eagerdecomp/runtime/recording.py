@@ -7,8 +7,8 @@ from collections import Counter
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eagerdecomp.runtime.routes import is_communication, is_infrastructure
 from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.runtime.routes import is_communication, is_infrastructure
 
 __all__ = ["RecordingMode"]
 

@@ -11,7 +11,7 @@ as views because the graph's view ops run on the real inputs.
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch.utils._pytree import tree_unflatten
 

@@ -81,9 +81,14 @@ class Rule(NamedTuple):
 # decomposition table, never here.
 NAMESPACES = {
     "prim": Rule(INFRASTRUCTURE, "TorchScript metadata queries (prim::device, prim::dtype) made by decompositions"),
-    "profiler": Rule(INFRASTRUCTURE, "torch.profiler bookkeeping (record_function enter/exit), e.g. around optimizer steps"),
-    "c10d": Rule(COMMUNICATION, "process-group collectives (dist.all_reduce, DDP's bucket allreduce and broadcast): "
-                  "the process group's backend runs them"),
+    "profiler": Rule(
+        INFRASTRUCTURE, "torch.profiler bookkeeping (record_function enter/exit), e.g. around optimizer steps"
+    ),
+    "c10d": Rule(
+        COMMUNICATION,
+        "process-group collectives (dist.all_reduce, DDP's bucket allreduce and broadcast): "
+        "the process group's backend runs them",
+    ),
     "_c10d_functional": Rule(COMMUNICATION, "functional collectives and wait_tensor (DTensor, FSDP2, compiled graphs)"),
     "_c10d_functional_autograd": Rule(COMMUNICATION, "differentiable functional collectives"),
     "c10d_functional": Rule(COMMUNICATION, "the functional collectives' legacy namespace (still registered)"),
@@ -185,7 +190,8 @@ def defers_to_subclass(types) -> bool:
         if len(_DEFERS) >= 256:
             _DEFERS.clear()
         known = _DEFERS[types] = any(
-            t.__torch_dispatch__ is not _NO_DISPATCH and not issubclass(t, _MODE_TENSORS) for t in types)
+            t.__torch_dispatch__ is not _NO_DISPATCH and not issubclass(t, _MODE_TENSORS) for t in types
+        )
     return known
 
 
@@ -234,6 +240,7 @@ def handler(runtime, route: Rule):
         return runtime.passthrough
     record = runtime.stats.record
     if route.name == COMMUNICATION:
+
         def communicate(func, args, kwargs):
             record(func, Route_.COMMUNICATION)
             return func(*args, **kwargs)
@@ -289,4 +296,3 @@ def _custom_message(name: str, device_type: str) -> str:
         f"(torch.library.register_kernel / TORCH_LIBRARY_IMPL), a Python implementation, or a "
         f"decomposition with eagerdecomp.register_decomposition."
     )
-

@@ -167,7 +167,7 @@ class Stats:
         if self.native is not None:
             self.native.clear_counts()
 
-    def report(self) -> "Report":
+    def report(self) -> Report:
         rows: dict = {}
         counts = self.counts()
         if self.kernels_of is not None:
@@ -312,7 +312,9 @@ class Report:
                 notes.append(f"ran natively x{r.fallthrough}")
             if r.random:
                 notes.append("draws random numbers (stream may differ from the native kernel)")
-            lines.append(f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}")
+            lines.append(
+                f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}"
+            )
         routes = ["passthrough", "decomposed", "bypassed", "unsupported"]
         routes += sorted({r.route for r in self.rows} - set(routes))  # collectives, custom ops
         counts = {k: len(self.by_route(k)) for k in routes}

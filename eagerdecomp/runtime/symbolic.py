@@ -88,9 +88,8 @@ def symbolic_layout(env, tensors: list) -> list:
     Sizes 0 and 1 come back as plain ints (0/1 specialization); strides are
     expressions of the sizes where the tensor is dense.
     """
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
     from torch._dynamo.source import TensorProperty, TensorPropertySource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
     out = []
     for i, t in tensors:

@@ -14,25 +14,41 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from eagerdecomp.errors import MismatchError, TraceError, UnsupportedOpError
-from eagerdecomp.runtime.exact import check_devices, fakes_like, finish_outputs, new_fake_mode, reference, refused, swap_tensors
+from eagerdecomp.runtime.exact import (
+    check_devices,
+    fakes_like,
+    finish_outputs,
+    new_fake_mode,
+    reference,
+    refused,
+    swap_tensors,
+)
 from eagerdecomp.runtime.family import Member, out_meta, read_ints
 from eagerdecomp.runtime.key import Bypass
 from eagerdecomp.runtime.lift import LiftRefused, same_kernel, stand_ins, with_values
 from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.quiet import quiet
 from eagerdecomp.runtime.replay import Kernel
-from eagerdecomp.runtime.symbolic import Guard, NotGeneric, SymGraph, new_shape_env, symbol_sources, symbolic_ints, symbolic_layout
+from eagerdecomp.runtime.symbolic import (
+    Guard,
+    NotGeneric,
+    SymGraph,
+    new_shape_env,
+    symbol_sources,
+    symbolic_ints,
+    symbolic_layout,
+)
 
 __all__ = ["trace", "trace_family"]
 
@@ -119,8 +135,6 @@ class _Emitter:
             for i, o in enumerate(out):
                 if isinstance(o, (torch.Tensor, list, tuple)):
                     self.bind(o, self.graph.call_function(operator.getitem, (node, i)))
-
-
 
 
 def _with_values(args, kwargs, lifted, values):
@@ -232,7 +246,9 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=())
     fake_mode = new_fake_mode(env, tensors)
     fakes = _symbolic_fakes(fake_mode, tensors, layouts)
     finals: list = []
-    kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals, len(paths))
+    kernel = _trace_once(
+        func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals, len(paths)
+    )
     kernel.ints = tuple(paths)
     guard = Guard(_guard_source(env, placeholders, syms))
     # NOTE: what the kernel returns (after its fix-ups), not what the meta kernel said: at a
@@ -251,7 +267,9 @@ def _guard_source(env, placeholders, ints) -> str:
     return " and ".join(guards) if guards else "True"
 
 
-def _trace_once(func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None, n_ints=0) -> Kernel:
+def _trace_once(
+    func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None, n_ints=0
+) -> Kernel:
     if fake_mode is None:
         fake_mode = new_fake_mode(tensors=tensors)
         fakes = [fake_mode.from_tensor(t) for t in tensors]

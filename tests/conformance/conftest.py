@@ -49,6 +49,7 @@ def in_shard(test_id: str) -> bool:
     """Whether a test id falls in this run's shard (a stable hash, so parts never overlap)."""
     return SHARD is None or zlib.crc32(test_id.encode()) % SHARD[1] == SHARD[0] - 1
 
+
 # Where the fast slice takes its one dtype from, in order of preference: float64 first,
 # so differentiable ops also check their gradients; a stable ~1/6 of ops run at another
 # dtype (chosen by a hash of the name) so the slice keeps every dtype family in play.
@@ -131,8 +132,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     # a run narrowed with -k, -m, a test id or --lf is not the suite: it writes no summary over the last real one
     opt = session.config.option
-    narrowed = (opt.keyword or opt.markexpr or getattr(opt, "lf", False)
-                or any("::" in a for a in session.config.args))
+    narrowed = opt.keyword or opt.markexpr or getattr(opt, "lf", False) or any("::" in a for a in session.config.args)
     if narrowed:
         return
     from .summary import write_shard, write_summary

@@ -277,7 +277,9 @@ def _first_line(e) -> str:
 def _aliases(out, inputs) -> tuple:
     s = _storage(out)
     same = tuple(i for i, x in enumerate(inputs) if out is x)
-    shared = tuple(i for i, x in enumerate(inputs) if s is not None and _storage(x) == s and x.untyped_storage().nbytes())
+    shared = tuple(
+        i for i, x in enumerate(inputs) if s is not None and _storage(x) == s and x.untyped_storage().nbytes()
+    )
     return same, shared
 
 
@@ -397,7 +399,11 @@ def run_variant(fn, sample_args, variant, make_out=None, values: bool = True) ->
             return Outcome("pass", variant, "eager and the mode both raise", notes=["both-raise"])
         return _classify_exception(e, variant)
     if native_error is not None:
-        return Outcome("wrong", variant, f"eager raises {type(native_error).__name__}: {_first_line(native_error)[:200]}, the mode returns a result")
+        return Outcome(
+            "wrong",
+            variant,
+            f"eager raises {type(native_error).__name__}: {_first_line(native_error)[:200]}, the mode returns a result",
+        )
     leak = _leaked(rec)
     if leak:
         return Outcome("wrong", variant, leak)
@@ -425,6 +431,7 @@ UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permut
 
 def _float64_run(fn, sample_args, make_out):
     """The same call natively in float64 (reduced-precision floats upcast): ``(outputs, inputs)``."""
+
     def up(x):
         if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
             return x.to(torch.float64)
@@ -470,10 +477,14 @@ def _check_random(fn, sample_args, variant, native, got, nat_in, got_in, mode) -
             return Outcome("wrong", variant, "random op: not reproducible under torch.manual_seed", random=True)
         fresh_native = not same(native_draw(), native_draw())
         if fresh_native and same(mode_draw(), mode_draw()):
-            return Outcome("wrong", variant, "random op: the same numbers on two calls (eager draws fresh ones)", random=True)
+            return Outcome(
+                "wrong", variant, "random op: the same numbers on two calls (eager draws fresh ones)", random=True
+            )
     except Exception as e:  # noqa: BLE001
         return _classify_exception(e, variant)
-    return _passed(mode, variant, random=True, stream_differs=True, detail="random stream differs from the native kernel")
+    return _passed(
+        mode, variant, random=True, stream_differs=True, detail="random stream differs from the native kernel"
+    )
 
 
 # -- gradients --------------------------------------------------------------------------
@@ -508,6 +519,7 @@ def run_grad(fn, sample_args, process) -> Outcome | None:
         return None
     try:
         with _Timer(SAMPLE_TIMEOUT_S):
+
             def backward(a):
                 outs, leaves = _grads(fn, a, process)[0]
                 torch.autograd.grad(outs, leaves, [w.detach() for w in weights], allow_unused=True)
@@ -588,6 +600,7 @@ def run_sample(opinfo, sample, dtype, variants=VARIANTS) -> list:
         and fn_outcome is not None
         and fn_outcome.cls in ("pass", "pass-native")
     ):
+
         def differentiable(inp, *a, **kw):
             return opinfo.gradcheck_wrapper(opinfo.op, inp, *a, **kw)
 

@@ -19,9 +19,20 @@ from .conftest import _op_db
 from .harness import compiled, run_sample
 
 SLICE = (
-    "logaddexp", "lerp", "addcmul", "nn.functional.huber_loss", "nn.functional.softplus",
-    "nn.functional.hardswish", "nn.functional.elu", "nn.functional.mse_loss", "nn.functional.glu",
-    "nn.functional.silu", "xlogy", "hypot", "nn.functional.smooth_l1_loss", "addcdiv",
+    "logaddexp",
+    "lerp",
+    "addcmul",
+    "nn.functional.huber_loss",
+    "nn.functional.softplus",
+    "nn.functional.hardswish",
+    "nn.functional.elu",
+    "nn.functional.mse_loss",
+    "nn.functional.glu",
+    "nn.functional.silu",
+    "xlogy",
+    "hypot",
+    "nn.functional.smooth_l1_loss",
+    "addcdiv",
 )
 DTYPES = (torch.float32, torch.float64)
 

@@ -25,7 +25,7 @@ import eagerdecomp as ed
 
 from .conftest import FULL, MAX_SAMPLES, dtype_name, params
 from .harness import run_sample
-from .xfail import explains, expected_for
+from .xfail import expected_for, explains
 
 FAILING = ("unsupported", "wrong", "error")
 SLICE_SAMPLES = 4
@@ -61,5 +61,6 @@ def test_cross_sample(opinfo, dtype):
                 problems.append(f"sample {i} [{outcome.variant}] {outcome.cls}: {outcome.detail}")
     info = ed.cache_info()
     assert not problems, (
-        f"{name} at {dname} (samples replayed across a family {info.family_hits} times):\n  " + "\n  ".join(problems[:20])
+        f"{name} at {dname} (samples replayed across a family {info.family_hits} times):\n  "
+        + "\n  ".join(problems[:20])
     )

@@ -24,7 +24,7 @@ import torch
 
 from .conftest import FULL, _op_db, dtype_name
 from .harness import run_sample
-from .xfail import explains, expected_for
+from .xfail import expected_for, explains
 
 FAILING = ("unsupported", "wrong", "error")
 SLICE_SAMPLES, FULL_SAMPLES = 2, 4
@@ -93,8 +93,11 @@ def test_layout(opinfo, dtype, layout):
     requires_grad = dtype == torch.float64 and opinfo.supports_autograd
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad),
-                                        FULL_SAMPLES if FULL else SLICE_SAMPLES))
+        samples = list(
+            itertools.islice(
+                opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), FULL_SAMPLES if FULL else SLICE_SAMPLES
+            )
+        )
     entries = expected_for(name, dname)
     problems, moved = [], 0
     for i, sample in enumerate(samples):
@@ -119,12 +122,18 @@ def test_native_batch_norm_out_matches_the_functional_op():
     aten = torch.ops.aten
     g = torch.Generator().manual_seed(0)
     x = _column_major(torch.randn(5, 5, 5, generator=g))
-    w, b, mean, var = torch.randn(5, generator=g), torch.randn(5, generator=g), torch.randn(5, generator=g), torch.rand(5, generator=g)
+    w, b, mean, var = (
+        torch.randn(5, generator=g),
+        torch.randn(5, generator=g),
+        torch.randn(5, generator=g),
+        torch.rand(5, generator=g),
+    )
     want = aten.native_batch_norm.default(x.contiguous(), w, b, mean.clone(), var.clone(), True, 0.1, 1e-5)
     outs = [torch.empty(0) for _ in range(3)]
     with ed.EagerDecompMode("core_aten"):
-        aten.native_batch_norm.out(x, w, b, mean.clone(), var.clone(), True, 0.1, 1e-5,
-                                   out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+        aten.native_batch_norm.out(
+            x, w, b, mean.clone(), var.clone(), True, 0.1, 1e-5, out=outs[0], save_mean=outs[1], save_invstd=outs[2]
+        )
     for got, ref in zip(outs, want):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
@@ -147,17 +156,25 @@ _aten = torch.ops.aten
 
 # NOTE: found by comparing every binary op's meta kernel with its CPU kernel at these layouts
 # (eagerdecomp/exact.py's _META_LAYOUT_FIXES); each row failed before the fix
-@pytest.mark.parametrize("op, out_op, kind, kwargs", [
-    (_aten.copysign.Tensor, _aten.copysign.out, "cm,row", {}), (_aten.copysign.Tensor, _aten.copysign.out, "cl,0d", {}),
-    (_aten.floor_divide.default, _aten.floor_divide.out, "cm,row", {}),
-    (_aten.div.Tensor_mode, _aten.div.out_mode, "cm,row", {"rounding_mode": "floor"}),
-    (_aten.heaviside.default, _aten.heaviside.out, "0d,cm", {}), (_aten.logaddexp.default, _aten.logaddexp.out, "0d,cm", {}),
-    (_aten.logaddexp2.default, _aten.logaddexp2.out, "row,cm", {}),
-    (_aten.xlogy.Tensor, _aten.xlogy.OutTensor, "cm,c", {}), (_aten.xlogy.Tensor, _aten.xlogy.OutTensor, "c,cm", {}),
-    (_aten.hardsigmoid_backward.default, None, "cm,c", {}), (_aten.hardswish_backward.default, _aten.hardswish_backward.out, "cm,c", {}),
-    (_aten.isin.Tensor_Tensor, _aten.isin.Tensor_Tensor_out, "cm,row", {}),
-    (_aten.igamma.default, _aten.igamma.out, "cm,0d", {}), (_aten.igammac.default, _aten.igammac.out, "cm,row", {}),
-])
+@pytest.mark.parametrize(
+    "op, out_op, kind, kwargs",
+    [
+        (_aten.copysign.Tensor, _aten.copysign.out, "cm,row", {}),
+        (_aten.copysign.Tensor, _aten.copysign.out, "cl,0d", {}),
+        (_aten.floor_divide.default, _aten.floor_divide.out, "cm,row", {}),
+        (_aten.div.Tensor_mode, _aten.div.out_mode, "cm,row", {"rounding_mode": "floor"}),
+        (_aten.heaviside.default, _aten.heaviside.out, "0d,cm", {}),
+        (_aten.logaddexp.default, _aten.logaddexp.out, "0d,cm", {}),
+        (_aten.logaddexp2.default, _aten.logaddexp2.out, "row,cm", {}),
+        (_aten.xlogy.Tensor, _aten.xlogy.OutTensor, "cm,c", {}),
+        (_aten.xlogy.Tensor, _aten.xlogy.OutTensor, "c,cm", {}),
+        (_aten.hardsigmoid_backward.default, None, "cm,c", {}),
+        (_aten.hardswish_backward.default, _aten.hardswish_backward.out, "cm,c", {}),
+        (_aten.isin.Tensor_Tensor, _aten.isin.Tensor_Tensor_out, "cm,row", {}),
+        (_aten.igamma.default, _aten.igamma.out, "cm,0d", {}),
+        (_aten.igammac.default, _aten.igammac.out, "cm,row", {}),
+    ],
+)
 def test_tensor_iterator_layouts(op, out_op, kind, kwargs):
     import eagerdecomp as ed
     from eagerdecomp.testing import RecordingMode

@@ -14,7 +14,7 @@ import torch
 
 from .conftest import FAST_SAMPLES, FULL, MAX_SAMPLES, dtype_name, params
 from .harness import run_sample
-from .xfail import explains, expected_for
+from .xfail import expected_for, explains
 
 FAILING = ("unsupported", "wrong", "error")
 
@@ -26,7 +26,11 @@ def test_opinfo(opinfo, dtype, results):
     limit = MAX_SAMPLES if FULL else FAST_SAMPLES
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), None if limit is None else limit + 1))
+        samples = list(
+            itertools.islice(
+                opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), None if limit is None else limit + 1
+            )
+        )
     exhaustive = limit is None or len(samples) <= limit
     samples = samples[:limit]
     entries = expected_for(name, dname)

@@ -35,8 +35,16 @@ def _shard(tmp_path, i, n, rows, failed=()):
 
 def test_merge_adds_every_shard(tmp_path):
     _shard(tmp_path, 1, 2, [("abs", "float32", 0, Outcome("pass", "fn"), None)])
-    _shard(tmp_path, 2, 2, [("sin", "float32", 0, Outcome("wrong", "fn", "values"), None),
-                            ("sin", "float32", 1, Outcome("pass", "out"), None)], failed=["t::sin"])
+    _shard(
+        tmp_path,
+        2,
+        2,
+        [
+            ("sin", "float32", 0, Outcome("wrong", "fn", "values"), None),
+            ("sin", "float32", 1, Outcome("pass", "out"), None),
+        ],
+        failed=["t::sin"],
+    )
     merge_shards(str(tmp_path))
     with open(os.path.join(tmp_path, "conformance.json")) as f:
         meta = json.load(f)["meta"]

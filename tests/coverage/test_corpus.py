@@ -29,11 +29,19 @@ UNKNOWN = "aten.made_up_op.default"  # a name no graph holds: "not analysed"
 def toy():
     # as test_coverage's toy: real op names, made-up edges
     nodes = {
-        A: ("decomposes", [B, C]), B: ("no decomposition", []), C: ("decomposes", [D]), D: ("no decomposition", []),
-        E: ("decomposes", [F]), F: ("decomposes", [E]),  # a cycle
-        G: ("undetermined", []), H: ("decomposes", [G, B]),
+        A: ("decomposes", [B, C]),
+        B: ("no decomposition", []),
+        C: ("decomposes", [D]),
+        D: ("no decomposition", []),
+        E: ("decomposes", [F]),
+        F: ("decomposes", [E]),  # a cycle
+        G: ("undetermined", []),
+        H: ("decomposes", [G, B]),
     }
-    full = {k: {"kind": kind, "children": kids, "reason": kind, "via": "", "samples": 1, "notes": []} for k, (kind, kids) in nodes.items()}
+    full = {
+        k: {"kind": kind, "children": kids, "reason": kind, "via": "", "samples": 1, "notes": []}
+        for k, (kind, kids) in nodes.items()
+    }
     return cov.Graph({"aten": full, "prims": full})
 
 
@@ -53,11 +61,28 @@ TOY_MODELS = {
 
 def test_model_verdicts_and_blockers_on_a_toy_graph(toy):
     m = analyse_models(cov.analyse(toy, [B]), corpus_of(TOY_MODELS))
-    assert m.status == {"runs": "runs", "needs-d": "blocked", "needs-g": "undetermined", "cycle": "blocked",
-                        "needs-d-and-unknown": "blocked", "needs-d-and-g": "blocked"}
+    assert m.status == {
+        "runs": "runs",
+        "needs-d": "blocked",
+        "needs-g": "undetermined",
+        "cycle": "blocked",
+        "needs-d-and-unknown": "blocked",
+        "needs-d-and-g": "blocked",
+    }
     assert {k: sorted(v) for k, v in m.blockers.items()} == {
-        "runs": [], "needs-d": [D], "needs-g": [G], "cycle": [E], "needs-d-and-unknown": [D, UNKNOWN], "needs-d-and-g": [D, G]}
-    assert (m.kind(D), m.kind(G), m.kind(E), m.kind(UNKNOWN)) == ("no decomposition", "undetermined", "cycle", "not analysed")
+        "runs": [],
+        "needs-d": [D],
+        "needs-g": [G],
+        "cycle": [E],
+        "needs-d-and-unknown": [D, UNKNOWN],
+        "needs-d-and-g": [D, G],
+    }
+    assert (m.kind(D), m.kind(G), m.kind(E), m.kind(UNKNOWN)) == (
+        "no decomposition",
+        "undetermined",
+        "cycle",
+        "not analysed",
+    )
     assert m.families() == {"x": (1, 2), "y": (0, 4)} and m.counts() == {"runs": 1, "blocked": 4, "undetermined": 1}
     # ranked by models the op alone unlocks, then by blocked models that need it
     assert m.implement_next(10) == [(D, 1, 3), (G, 1, 2), (E, 1, 1), (UNKNOWN, 0, 1)]
@@ -109,14 +134,37 @@ def test_cli_models_table_and_json(toy, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path))
     cov.save_graph(toy)
     path = tmp_path / "toy.json"
-    data = {"format": "eagerdecomp model corpus 1", "recorded": "2026-11-23", "versions": {"torch": "x"}, "ops": sorted({o for _, ops in TOY_MODELS.values() for o in ops})}
+    data = {
+        "format": "eagerdecomp model corpus 1",
+        "recorded": "2026-11-23",
+        "versions": {"torch": "x"},
+        "ops": sorted({o for _, ops in TOY_MODELS.values() for o in ops}),
+    }
     index = {op: i for i, op in enumerate(data["ops"])}
-    data["models"] = {m: {"family": fam, "phases": {"train": [[index[o], 2] for o in ops]}} for m, (fam, ops) in TOY_MODELS.items()}
+    data["models"] = {
+        m: {"family": fam, "phases": {"train": [[index[o], 2] for o in ops]}} for m, (fam, ops) in TOY_MODELS.items()
+    }
     path.write_text(json.dumps(data))
     ops_file = tmp_path / "ops.txt"
     ops_file.write_text(B + "\n")
     out = tmp_path / "m.json"
-    assert main(["coverage", "--opset-file", str(ops_file), "--models", "--corpus", str(path), "--format", "json", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "coverage",
+                "--opset-file",
+                str(ops_file),
+                "--models",
+                "--corpus",
+                str(path),
+                "--format",
+                "json",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     got = json.loads(out.read_text())["corpora"][0]
     expected = analyse_models(cov.analyse(toy, [B]), load_corpus(path))
     assert got["counts"] == expected.counts() and got["targets"]["50"] == expected.ops_for(50) == [D, G]
@@ -130,9 +178,27 @@ def test_cli_models_table_and_json(toy, tmp_path, monkeypatch, capsys):
 
 # a sample of the corpus with a narrow graph: their ops, and the OpInfos that give those ops samples
 SAMPLE = ["cnn/LeNet5", "cnn/ResNet", "cnn/GoogLeNet"]
-SAMPLE_OPINFOS = {"nn.functional.conv2d", "nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.batch_norm",
-                  "nn.functional.cross_entropy", "nn.functional.linear", "tanh", "nn.functional.relu", "mean", "sum",
-                  "nn.functional.adaptive_avg_pool2d", "cat", "mul", "add", "addcmul", "addcdiv", "lerp", "sqrt", "div"}
+SAMPLE_OPINFOS = {
+    "nn.functional.conv2d",
+    "nn.functional.avg_pool2d",
+    "nn.functional.max_pool2d",
+    "nn.functional.batch_norm",
+    "nn.functional.cross_entropy",
+    "nn.functional.linear",
+    "tanh",
+    "nn.functional.relu",
+    "mean",
+    "sum",
+    "nn.functional.adaptive_avg_pool2d",
+    "cat",
+    "mul",
+    "add",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "sqrt",
+    "div",
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +245,18 @@ def test_record_writes_a_corpus_the_analysis_reads(tmp_path, monkeypatch):
     out = tmp_path / "models.json"
     # NOTE: in a fresh process, as users run it: recording forks a child per model, and a fork
     # taken after this process ran autograd (earlier tests did) cannot use autograd in the child
-    cmd = [sys.executable, "-m", "eagerdecomp", "coverage", "record", "--only", "cnn/LeNet5", "cnn/ResNet", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagerdecomp",
+        "coverage",
+        "record",
+        "--only",
+        "cnn/LeNet5",
+        "cnn/ResNet",
+        "-o",
+        str(out),
+    ]
     assert subprocess.run(cmd, env=dict(os.environ), timeout=600).returncode == 0
     data = json.loads(out.read_text())
     assert data["versions"]["torch"] == torch.__version__ and data["recorded"] and data["skipped"] == {}

@@ -21,12 +21,36 @@ aten = torch.ops.aten
 
 # non-core ops with decompositions of several shapes: pointwise, loss, in-place view,
 # backward, in-place and out= variants (all overloads of each packet)
-PACKETS = ["aten::silu", "aten::hardswish", "aten::addcmul", "aten::softplus", "aten::t_",
-           "aten::mse_loss", "aten::elu_backward", "aten::logaddexp", "aten::glu"]
-OPINFOS = {"nn.functional.silu", "nn.functional.hardswish", "addcmul", "nn.functional.softplus",
-           "nn.functional.mse_loss", "nn.functional.elu", "logaddexp", "nn.functional.glu"}
-SMALL = ["aten::mul.Tensor", "aten::add.Tensor", "aten::sub.Tensor", "aten::div.Tensor", "aten::exp",
-         "aten::copy_", "aten::as_strided_"]  # a made-up backend: no sigmoid, no neg
+PACKETS = [
+    "aten::silu",
+    "aten::hardswish",
+    "aten::addcmul",
+    "aten::softplus",
+    "aten::t_",
+    "aten::mse_loss",
+    "aten::elu_backward",
+    "aten::logaddexp",
+    "aten::glu",
+]
+OPINFOS = {
+    "nn.functional.silu",
+    "nn.functional.hardswish",
+    "addcmul",
+    "nn.functional.softplus",
+    "nn.functional.mse_loss",
+    "nn.functional.elu",
+    "logaddexp",
+    "nn.functional.glu",
+}
+SMALL = [
+    "aten::mul.Tensor",
+    "aten::add.Tensor",
+    "aten::sub.Tensor",
+    "aten::div.Tensor",
+    "aten::exp",
+    "aten::copy_",
+    "aten::as_strided_",
+]  # a made-up backend: no sigmoid, no neg
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +80,14 @@ def test_graph_answer_agrees_with_real_lowering(graph, subset):
             checked += 1
             if row.status in ("reaches", "in opset"):
                 assert got["ok"] == got["samples"], f"{label}: {op}: graph says {row.status}, lowering said {got}"
-                assert set(got["leaves"]) <= set(row.leaves), f"{label}: {op}: lowering ran {got['leaves']}, graph says {row.leaves}"
+                assert set(got["leaves"]) <= set(row.leaves), (
+                    f"{label}: {op}: lowering ran {got['leaves']}, graph says {row.leaves}"
+                )
             else:
                 assert row.status == "no path"
-                assert got["ok"] < got["samples"] and got["stuck"], f"{label}: {op}: graph says no path, lowering said {got}"
+                assert got["ok"] < got["samples"] and got["stuck"], (
+                    f"{label}: {op}: graph says no path, lowering said {got}"
+                )
                 # lowering stops at the first blocker it meets; the graph names one of them:
                 # both must be ops the graph knows cannot be lowered into this opset, because
                 # they have no decomposition or go round a cycle
@@ -67,7 +95,12 @@ def test_graph_answer_agrees_with_real_lowering(graph, subset):
                 for blocker, reason in [(row.blocker, row.reason)] + real_ends:
                     assert blocker not in report.depth, (label, op, blocker)
                     kind = report.nodes[blocker]["kind"]
-                    assert kind in ("no decomposition", "declined") or reason == "decomposition cycle", (label, op, blocker, kind)
+                    assert kind in ("no decomposition", "declined") or reason == "decomposition cycle", (
+                        label,
+                        op,
+                        blocker,
+                        kind,
+                    )
         assert checked >= len(subset) // 2, (label, checked)
         # coverage.check (behind `report --verify`) reads the same comparison the same way
         counts, mismatches = cov.check(report, real[label])
@@ -138,7 +171,10 @@ def test_fixpoint_on_a_toy_graph():
         g: ("undetermined", []),
         h: ("decomposes", [g, b]),
     }
-    full = {k: {"kind": kind, "children": kids, "reason": kind, "via": "", "samples": 1, "notes": []} for k, (kind, kids) in nodes.items()}
+    full = {
+        k: {"kind": kind, "children": kids, "reason": kind, "via": "", "samples": 1, "notes": []}
+        for k, (kind, kids) in nodes.items()
+    }
     toy = cov.Graph({"aten": full, "prims": full})
 
     only_b = cov.analyse(toy, [b])
@@ -181,7 +217,7 @@ def test_cli_report_formats(cached, tmp_path, capsys):
     assert "did you mean aten::mul.Tensor" in capsys.readouterr().err
     assert main(["coverage", "--format", "html", "-o", str(tmp_path / "c.html")]) == 0
     html = (tmp_path / "c.html").read_text()
-    assert "<script" in html and "http://" not in html.split("<script id=\"data\"")[0] and "aten.silu.default" in html
+    assert "<script" in html and "http://" not in html.split('<script id="data"')[0] and "aten.silu.default" in html
 
 
 def test_profile_routes_and_results():
@@ -217,16 +253,18 @@ def test_profile_lists_ops_without_a_path():
 
 def test_cli_profile_runs_a_script(tmp_path, capsys):
     script = tmp_path / "model.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys, torch
         x = torch.randn(8)
         y = torch.nn.functional.hardswish(x)
         print("argv", sys.argv[1:])
-    """))
+    """)
+    )
     assert main(["profile", "--format", "json", str(script), "--flag"]) == 0
     out = capsys.readouterr().out
     assert "argv ['--flag']" in out
-    data = json.loads(out[out.index("{"):])
+    data = json.loads(out[out.index("{") :])
     ops = {r["op"]: r for r in data["ops"]}
     assert ops["aten.hardswish.default"]["route"] == "decomposed"
     assert data["routes"]["tracing"]["calls"] >= 1

@@ -29,7 +29,12 @@ pytestmark = pytest.mark.skipif(BROWSER is None or DRIVER is None, reason=_MISSI
 
 PACKETS = ["aten::silu", "aten::hardswish", "aten::softplus", "aten::t_", "aten::addcmul"]
 OPINFOS = {"nn.functional.silu", "nn.functional.hardswish", "nn.functional.softplus", "addcmul"}
-FIGURES = {"in opset": "count-in-opset", "reaches": "count-reaches", "no path": "count-no-path", "undetermined": "count-undetermined"}
+FIGURES = {
+    "in opset": "count-in-opset",
+    "reaches": "count-reaches",
+    "no path": "count-no-path",
+    "undetermined": "count-undetermined",
+}
 
 
 @pytest.fixture(scope="module")
@@ -146,27 +151,40 @@ def models_panel(browser) -> dict:
     return {
         "counts": {s: int(browser.find_element("id", f"models-{s}").text) for s in ("runs", "blocked", "undetermined")},
         "families": families,
-        "models": {tr.get_attribute("data-model"): {"status": tr.get_attribute("data-status"),
-                                                   "blockers": [b for b in tr.find_elements("tag name", "td")[3].text.split(", ") if b]}
-                   for tr in rows},
-        "implement_next": [re.match(r"(\S+) unlocks (\d+), needed by (\d+)", li.text).groups()
-                           for li in browser.find_elements("css selector", "#models-next li")],
+        "models": {
+            tr.get_attribute("data-model"): {
+                "status": tr.get_attribute("data-status"),
+                "blockers": [b for b in tr.find_elements("tag name", "td")[3].text.split(", ") if b],
+            }
+            for tr in rows
+        },
+        "implement_next": [
+            re.match(r"(\S+) unlocks (\d+), needed by (\d+)", li.text).groups()
+            for li in browser.find_elements("css selector", "#models-next li")
+        ],
     }
 
 
 def expected_panel(m) -> dict:
     d = m.to_dict(10)
-    return {"counts": d["counts"], "families": d["families"],
-            "models": {k: {"status": v["status"], "blockers": v["blockers"]} for k, v in d["models"].items()},
-            "implement_next": [(r["op"], str(r["unlocks"]), str(r["needed_by"])) for r in d["implement_next"]]}
+    return {
+        "counts": d["counts"],
+        "families": d["families"],
+        "models": {k: {"status": v["status"], "blockers": v["blockers"]} for k, v in d["models"].items()},
+        "implement_next": [(r["op"], str(r["unlocks"]), str(r["needed_by"])) for r in d["implement_next"]],
+    }
 
 
 def slider_targets(browser) -> dict:
     out = {}
     for k, pct in enumerate(TARGETS):
-        browser.execute_script("const s = document.getElementById('target'); s.value = arguments[0];"
-                               "s.dispatchEvent(new Event('input'));", k)
-        out[pct] = [li.text for li in browser.find_elements("css selector", "#target-ops li") if "already there" not in li.text]
+        browser.execute_script(
+            "const s = document.getElementById('target'); s.value = arguments[0];s.dispatchEvent(new Event('input'));",
+            k,
+        )
+        out[pct] = [
+            li.text for li in browser.find_elements("css selector", "#target-ops li") if "already there" not in li.text
+        ]
     return out
 
 

@@ -35,7 +35,9 @@ def test_unscale_and_check_is_bitwise_eager(dtype, nonfinite):
             torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)  # dtype too
 
 
-@pytest.mark.parametrize("found,tracker,interval,scale", list(itertools.product((0.0, 1.0), (0, 1, 4), (2, 5), (65536.0, 3.3e38, 1.7))))
+@pytest.mark.parametrize(
+    "found,tracker,interval,scale", list(itertools.product((0.0, 1.0), (0, 1, 4), (2, 5), (65536.0, 3.3e38, 1.7)))
+)
 def test_update_scale_is_bitwise_eager(found, tracker, interval, scale):
     s, t, f = torch.tensor([scale]), torch.tensor([tracker], dtype=torch.int32), torch.tensor([found])
     s2, t2 = s.clone(), t.clone()
@@ -50,7 +52,9 @@ def _train(device, steps=4):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
-    scaler = torch.amp.GradScaler(device.type if isinstance(device, torch.device) else device, init_scale=2.0**16, growth_interval=2)
+    scaler = torch.amp.GradScaler(
+        device.type if isinstance(device, torch.device) else device, init_scale=2.0**16, growth_interval=2
+    )
     x, y = torch.randn(6, 8), torch.randn(6, 2)
     scales = []
     for i in range(steps):

@@ -18,9 +18,11 @@ def test_forward_and_backward(mode, dtype, align_corners):
     for (ih, iw), size in SIZES:
         x = torch.randn(2, 3, ih, iw, generator=g, dtype=dtype, requires_grad=True)
         up = torch.randn(2, 3, *size, generator=g, dtype=dtype)
+
         def run():
             y = F.interpolate(x, size=size, mode=mode, antialias=True, align_corners=align_corners)
             return y, torch.autograd.grad(y, x, up)[0]
+
         want = run()
         with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
             got = run()

@@ -133,7 +133,9 @@ def test_cpu_flash_fully_masked_rows_as_the_kernel(dtype, fill):
     )
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         ours = _cpu_flash(q, k, v, mask)
-        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, *ours, 0.0, False, attn_mask=mask)
+        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, *ours, 0.0, False, attn_mask=mask
+        )
     rec.assert_only("core_aten")
     masked_rows = native[1][0, :, :2]
     if fill == "neg_inf":
@@ -275,7 +277,11 @@ def _assert_meta_like(ours, meta):
 
 def _cuda_op_inputs(group=1, L=5, S=7):
     g = torch.Generator().manual_seed(5)
-    q, k, v = torch.randn(2, 2 * group, L, 8, generator=g), torch.randn(2, 2, S, 8, generator=g), torch.randn(2, 2, S, 8, generator=g)
+    q, k, v = (
+        torch.randn(2, 2 * group, L, 8, generator=g),
+        torch.randn(2, 2, S, 8, generator=g),
+        torch.randn(2, 2, S, 8, generator=g),
+    )
     keep = _keep(2, L, S, g)
     bias = torch.zeros(2, 2 * group, L, S).masked_fill(~keep, float("-inf"))
     return q, k, v, bias, torch.randn(2, 2 * group, L, 8, generator=g)
@@ -284,13 +290,20 @@ def _cuda_op_inputs(group=1, L=5, S=7):
 def test_efficient_attention_forward_backward():
     q, k, v, bias, grad = _cuda_op_inputs()
     native = _cpu_flash(q, k, v, bias)
-    native_grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, *native, 0.0, False, attn_mask=bias)
+    native_grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, *native, 0.0, False, attn_mask=bias
+    )
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         fwd = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)
         bwd = aten._scaled_dot_product_efficient_attention_backward(grad, q, k, v, bias, *fwd, 0.0, [True] * 4)
     rec.assert_only("core_aten")
     _assert_meta_like(fwd, _meta_outputs(aten._scaled_dot_product_efficient_attention, q, k, v, bias, True))
-    _assert_meta_like(bwd, _meta_outputs(aten._scaled_dot_product_efficient_attention_backward, grad, q, k, v, bias, *fwd, 0.0, [True] * 4))
+    _assert_meta_like(
+        bwd,
+        _meta_outputs(
+            aten._scaled_dot_product_efficient_attention_backward, grad, q, k, v, bias, *fwd, 0.0, [True] * 4
+        ),
+    )
     out, lse = fwd[0], fwd[1]
     torch.testing.assert_close(out, native[0])
     # the kernel's logsumexp: -inf on fully masked rows, rows padded to 32 with +inf
@@ -329,7 +342,9 @@ def test_cuda_flash_attention_forward_backward(group):
 def test_cudnn_attention_forward_backward(group):
     q, k, v, bias, grad = _cuda_op_inputs(group)
     native = _cpu_flash(q, k, v, bias)
-    native_grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, *native, 0.0, False, attn_mask=bias)
+    native_grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, *native, 0.0, False, attn_mask=bias
+    )
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         fwd = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True)
         bwd_args = (grad, q, k, v, fwd[0], fwd[1], fwd[6], fwd[7], bias, None, None, 5, 7, 0.0, False)
@@ -377,8 +392,16 @@ def test_cuda_op_forms_without_a_defined_answer_are_declined(call):
 def _tiny_llama():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)
@@ -458,7 +481,9 @@ def test_gqa_decoder_trains_like_native(case, monkeypatch):
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
         loss_o, grads_o = step(ours)
     rec.assert_only("core_aten")
-    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in {r.op for r in mode.report().decomposed}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in {
+        r.op for r in mode.report().decomposed
+    }
     torch.testing.assert_close(loss_o, loss_n)
     for o, n in zip(grads_o, grads_n):
         assert not o.isnan().any()

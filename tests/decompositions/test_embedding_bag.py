@@ -37,7 +37,9 @@ def test_forward_only(index_dtype):
                             got = aten._embedding_bag_forward_only(*args)
                         rec.assert_only("core_aten")
                         for w, o in zip(want, got):
-                            assert (o.dtype, o.shape, o.stride()) == (w.dtype, w.shape, w.stride()) and torch.equal(w, o)
+                            assert (o.dtype, o.shape, o.stride()) == (w.dtype, w.shape, w.stride()) and torch.equal(
+                                w, o
+                            )
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
@@ -54,12 +56,19 @@ def test_gradients_match_autograd_of_the_native_op(mode, dtype):
                         continue  # eager refuses the first; the second (no bags) crashes eager's backward
                     if last and dtype == torch.float32 and mode == "sum" and pad is None and offsets[-1] < len(INDICES):
                         continue  # eager's backward reads past its gradient here: see the NOTE on _offset2bag
-                    for weighted in ((False, True) if mode == "sum" else (False,)):
+                    for weighted in (False, True) if mode == "sum" else (False,):
                         weight = torch.randn(10, 3, generator=g, dtype=dtype, requires_grad=True)
                         psw = torch.rand(8, generator=g, dtype=dtype, requires_grad=True) if weighted else None
-                        kwargs = dict(mode=mode, scale_grad_by_freq=freq, padding_idx=pad, include_last_offset=last,
-                                      per_sample_weights=psw)
-                        up = torch.randn(F.embedding_bag(indices, weight, offsets, **kwargs).shape, generator=g, dtype=dtype)
+                        kwargs = dict(
+                            mode=mode,
+                            scale_grad_by_freq=freq,
+                            padding_idx=pad,
+                            include_last_offset=last,
+                            per_sample_weights=psw,
+                        )
+                        up = torch.randn(
+                            F.embedding_bag(indices, weight, offsets, **kwargs).shape, generator=g, dtype=dtype
+                        )
                         leaves = [weight] + ([psw] if weighted else [])
                         want = torch.autograd.grad(F.embedding_bag(indices, weight, offsets, **kwargs), leaves, up)
                         with RecordingMode() as rec, _mode():
@@ -74,8 +83,12 @@ def test_scale_grad_by_freq_keeps_the_kernels_lookup():
     # [0, 0, 0, 1, 3, 3] group 1 (index 1) uses counts[sorted[1]] = counts[0] = 3, not 1
     weight = torch.ones(4, 1, dtype=torch.float64, requires_grad=True)
     indices, offsets = torch.tensor([0, 0, 0, 1, 3, 3]), torch.tensor([0])
-    want = torch.autograd.grad(F.embedding_bag(indices, weight, offsets, mode="sum", scale_grad_by_freq=True).sum(), weight)[0]
+    want = torch.autograd.grad(
+        F.embedding_bag(indices, weight, offsets, mode="sum", scale_grad_by_freq=True).sum(), weight
+    )[0]
     with _mode():
-        got = torch.autograd.grad(F.embedding_bag(indices, weight, offsets, mode="sum", scale_grad_by_freq=True).sum(), weight)[0]
+        got = torch.autograd.grad(
+            F.embedding_bag(indices, weight, offsets, mode="sum", scale_grad_by_freq=True).sum(), weight
+        )[0]
     assert torch.equal(got, want)
     assert want[1, 0].item() == pytest.approx(1 / 3)  # the kernel's lookup, not 1 / count(1)

@@ -75,10 +75,17 @@ TBRQ = aten._transform_bias_rescale_qkv.default
 
 # every combination in float32; in float64 both layer orders, each with one activation
 ENCODER_CASES = [
-    *((torch.float32, norm_first, activation, form)
-      for norm_first in (False, True) for activation in ("relu", "gelu") for form in MASK_FORMS),
-    *((torch.float64, norm_first, activation, form)
-      for norm_first, activation in ((False, "gelu"), (True, "relu")) for form in ("none", "full_row", "both")),
+    *(
+        (torch.float32, norm_first, activation, form)
+        for norm_first in (False, True)
+        for activation in ("relu", "gelu")
+        for form in MASK_FORMS
+    ),
+    *(
+        (torch.float64, norm_first, activation, form)
+        for norm_first, activation in ((False, "gelu"), (True, "relu"))
+        for form in ("none", "full_row", "both")
+    ),
 ]
 
 
@@ -122,8 +129,12 @@ def test_encoder_stack_over_several_lengths():
 
 # every combination in float32; in float64 each mask form once
 MHA_CASES = [
-    *((torch.float32, need_weights, average, form)
-      for need_weights in (True, False) for average in (True, False) for form in MASK_FORMS),
+    *(
+        (torch.float32, need_weights, average, form)
+        for need_weights in (True, False)
+        for average in (True, False)
+        for form in MASK_FORMS
+    ),
     *((torch.float64, i % 3 != 2, i % 2 == 0, form) for i, form in enumerate(MASK_FORMS)),
 ]
 
@@ -171,7 +182,13 @@ def _op_masks(dtype):
     weird = torch.zeros(B, T, dtype=dtype)
     weird[0, 1], weird[1, 2], weird[1, 4] = 0.5, torch.nan, -torch.inf
     return [
-        (None, None), (src, 0), (padding, 1), (weird, 1), (generic, 2), (generic, None), (src.expand(B, 2, T, T), 0)
+        (None, None),
+        (src, 0),
+        (padding, 1),
+        (weird, 1),
+        (generic, 2),
+        (generic, None),
+        (src.expand(B, 2, T, T), 0),
     ]
 
 
@@ -213,8 +230,13 @@ def test_masked_softmax_op():
     src = torch.rand(T, T, generator=g) > 0.5
     generic = torch.rand(B, 2, T, T, generator=g) > 0.5
     cases = [
-        (scores, padding, 3, 1), (scores, padding, None, 1), (scores, padding, 2, 1), (scores, src, -1, 0),
-        (scores, src, 1, 0), (scores, generic, 0, 2), (scores, generic, None, None),
+        (scores, padding, 3, 1),
+        (scores, padding, None, 1),
+        (scores, padding, 2, 1),
+        (scores, src, -1, 0),
+        (scores, src, 1, 0),
+        (scores, generic, 0, 2),
+        (scores, generic, None, None),
         (torch.randn(4, 7, generator=g), torch.rand(4, 7, generator=g) > 0.5, 0, None),  # any rank: type 2
         (torch.randn(B, 2, T, 2 * T, generator=g)[..., ::2], padding, 3, 1),  # strided, not permuted
         (torch.tensor(2.0), torch.tensor(True), None, None),
@@ -237,9 +259,11 @@ def _error_calls():
     return {
         "2-D mask without a type": lambda: aten._native_multi_head_attention(x, x, x, 16, 2, w, b, pw, pb, square),
         "unknown mask type": lambda: aten._native_multi_head_attention(
-            x, x, x, 16, 2, w, b, pw, pb, square, True, True, 7),
+            x, x, x, 16, 2, w, b, pw, pb, square, True, True, 7
+        ),
         "type 2 mask of another shape": lambda: aten._native_multi_head_attention(
-            x, x, x, 16, 2, w, b, pw, pb, square.view(1, 1, T, T), True, True, 2),
+            x, x, x, 16, 2, w, b, pw, pb, square.view(1, 1, T, T), True, True, 2
+        ),
         "heads do not divide": lambda: aten._native_multi_head_attention(x, x, x, 16, 3, w, b, pw, pb),
         "embed_dim is not query's": lambda: aten._native_multi_head_attention(x, x, x, 8, 2, w, b, pw, pb),
         "key of another shape": lambda: aten._native_multi_head_attention(x, y[:, :2], y[:, :2], 16, 2, w, b, pw, pb),
@@ -259,8 +283,6 @@ def test_errors_are_eagers(name):
 
 
 def _declined_calls():
-    x = torch.randn(T, B, 16).transpose(0, 1)  # batch first, laid out sequence first
-    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
     permuted = torch.randn(B, 2, T, T).transpose(2, 3)
     return {
         # eager fills an output laid out as the input in contiguous order

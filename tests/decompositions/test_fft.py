@@ -28,8 +28,14 @@ def _under_mode(fn, *args):
 @pytest.mark.parametrize("norm", [0, 1, 2])
 def test_c2c_matches_native(dtype, forward, norm):
     g = torch.Generator().manual_seed(0)
-    for shape, dims in (((1,), [0]), ((7,), [0]), ((4, 13), [1]), ((6, 5, 3), [0, 2]), ((2, 3, 4), [0, 1, 2]),
-                        ((257,), [0])):
+    for shape, dims in (
+        ((1,), [0]),
+        ((7,), [0]),
+        ((4, 13), [1]),
+        ((6, 5, 3), [0, 2]),
+        ((2, 3, 4), [0, 1, 2]),
+        ((257,), [0]),
+    ):
         x = torch.randn(shape, dtype=dtype, generator=g)
         for inp in (x, x.transpose(0, -1)):  # strides decide the output layout
             _close(aten._fft_c2c(inp, dims, norm, forward), _under_mode(aten._fft_c2c, inp, dims, norm, forward))
@@ -40,9 +46,16 @@ def test_public_transforms_on_real_and_complex_input():
     x = torch.randn(5, 6, 7, generator=g)
     z = torch.randn(5, 6, 7, dtype=torch.complex64, generator=g)
     calls = [
-        (torch.fft.fft2, x), (torch.fft.fftn, x), (torch.fft.rfftn, x), (torch.fft.irfftn, z),
-        (torch.fft.fft, z), (torch.fft.ifft, z), (torch.fft.fftn, z), (lambda t: torch.fft.ifftn(t, norm="ortho"), z),
-        (lambda t: torch.fft.fft2(t, s=(3, 9)), x), (lambda t: torch.fft.ifft2(t, norm="forward"), z),
+        (torch.fft.fft2, x),
+        (torch.fft.fftn, x),
+        (torch.fft.rfftn, x),
+        (torch.fft.irfftn, z),
+        (torch.fft.fft, z),
+        (torch.fft.ifft, z),
+        (torch.fft.fftn, z),
+        (lambda t: torch.fft.ifftn(t, norm="ortho"), z),
+        (lambda t: torch.fft.fft2(t, s=(3, 9)), x),
+        (lambda t: torch.fft.ifft2(t, norm="forward"), z),
     ]
     for fn, inp in calls:
         _close(fn(inp), _under_mode(fn, inp))

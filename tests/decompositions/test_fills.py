@@ -162,7 +162,7 @@ def test_grouped_mm(dtype, case):
     assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
     if offs is not None and a.dim() == 2 and b.dim() == 3:  # the kernel leaves rows past the end unwritten
         want = want[: int(offs[-1])]
-        assert torch.equal(got[int(offs[-1]):], torch.zeros_like(got[int(offs[-1]):]))
+        assert torch.equal(got[int(offs[-1]) :], torch.zeros_like(got[int(offs[-1]) :]))
         got = got[: int(offs[-1])]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -312,7 +312,9 @@ def test_adaptive_avg_pool3d_backward(dtype, size):
     x = torch.randn(2, 3, 7, 6, 5, dtype=dtype, generator=torch.Generator().manual_seed(0), requires_grad=True)
     _close(*_both(lambda x: F.adaptive_avg_pool3d(x, size), x), *TOL[dtype])
     _close(*_both(lambda x: F.adaptive_avg_pool3d(x, size), x[0].detach().requires_grad_()), *TOL[dtype])
-    want, got = _both(lambda x: F.adaptive_avg_pool3d(x, size), x.detach().to(memory_format=torch.channels_last_3d).requires_grad_())
+    want, got = _both(
+        lambda x: F.adaptive_avg_pool3d(x, size), x.detach().to(memory_format=torch.channels_last_3d).requires_grad_()
+    )
     _close(want, got, *TOL[dtype])
     assert want[1].stride() == got[1].stride()
 
@@ -391,9 +393,17 @@ def test_distance_backwards(dtype, p):
     a[1, 1, 0] = b[1, 1, 0]  # a zero difference
     tol = TOL[dtype]
     _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a.requires_grad_(), b.requires_grad_()), *tol)
-    _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a[0].detach().requires_grad_(), b[0].detach().requires_grad_()), *tol)
+    _close(
+        *_both(lambda x, y: torch.cdist(x, y, p=p), a[0].detach().requires_grad_(), b[0].detach().requires_grad_()),
+        *tol,
+    )
     # broadcast batch dims: the kernel's gradient has the broadcast shape, autograd sums it
-    _close(*_both(lambda x, y: torch.cdist(x, y, p=p), a[:1].detach().requires_grad_(), b[:, None].detach().requires_grad_()), *tol)
+    _close(
+        *_both(
+            lambda x, y: torch.cdist(x, y, p=p), a[:1].detach().requires_grad_(), b[:, None].detach().requires_grad_()
+        ),
+        *tol,
+    )
     _close(*_both(lambda x: F.pdist(x, p=p), a[0].detach().requires_grad_()), *tol)
 
 
@@ -420,8 +430,11 @@ def test_multi_margin_loss_0d_target_unreduced_is_declined_not_reshaped():
     with pytest.raises(ed.UnsupportedOpError, match="multi_margin_loss"):
         with ed.EagerDecompMode("core_aten"):
             F.multi_margin_loss(x, torch.tensor(2), reduction="none")
-    calls = [lambda: F.multi_margin_loss(x, torch.tensor([2]), reduction="none"), lambda: F.multi_margin_loss(x, torch.tensor(2)),
-             lambda: F.multi_margin_loss(x[None].repeat(3, 1), torch.tensor([0, 2, 4]), reduction="none")]
+    calls = [
+        lambda: F.multi_margin_loss(x, torch.tensor([2]), reduction="none"),
+        lambda: F.multi_margin_loss(x, torch.tensor(2)),
+        lambda: F.multi_margin_loss(x[None].repeat(3, 1), torch.tensor([0, 2, 4]), reduction="none"),
+    ]
     with ed.EagerDecompMode("core_aten"):
         got = [c() for c in calls]
     for g, c in zip(got, calls):

@@ -36,7 +36,11 @@ def _input(shape, dtype, g):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_fractional_max_pool2d(dtype):
     g = torch.Generator().manual_seed(0)
-    for shape, k, out in (((2, 3, 11, 9), (2, 3), (5, 4)), ((3, 10, 10), (3, 3), (1, 7)), ((1, 2, 7, 7), (1, 1), (7, 7))):
+    for shape, k, out in (
+        ((2, 3, 11, 9), (2, 3), (5, 4)),
+        ((3, 10, 10), (3, 3), (1, 7)),
+        ((1, 2, 7, 7), (1, 1), (7, 7)),
+    ):
         x = _input(shape, dtype, g)
         samples = torch.rand(x.shape[0] if x.dim() == 4 else 1, shape[-3], 2, generator=g).to(dtype)
         _run(aten.fractional_max_pool2d, x, list(k), list(out), samples)
@@ -55,8 +59,10 @@ def test_fractional_max_pool3d(dtype):
 
 def test_the_modules_train_as_native():
     g = torch.Generator().manual_seed(2)
-    for pool, shape in ((torch.nn.FractionalMaxPool2d(3, output_ratio=0.5), (2, 3, 12, 10)),
-                        (torch.nn.FractionalMaxPool3d(2, output_size=(3, 4, 3)), (2, 2, 7, 8, 6))):
+    for pool, shape in (
+        (torch.nn.FractionalMaxPool2d(3, output_ratio=0.5), (2, 3, 12, 10)),
+        (torch.nn.FractionalMaxPool3d(2, output_size=(3, 4, 3)), (2, 2, 7, 8, 6)),
+    ):
         x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
         torch.manual_seed(3)
         y = pool(x)

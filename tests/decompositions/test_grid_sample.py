@@ -40,10 +40,12 @@ def test_grid_sample_trains_under_the_mode():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 8, 8, generator=g, dtype=torch.float64, requires_grad=True)
     theta = torch.tensor([[[0.9, 0.1, 0.05], [-0.1, 1.1, 0.0]]] * 2, dtype=torch.float64, requires_grad=True)
+
     def step():
         grid = torch.nn.functional.affine_grid(theta, [2, 3, 6, 6], align_corners=False)
         y = torch.nn.functional.grid_sample(x, grid, padding_mode="border", align_corners=False)
         return torch.autograd.grad((y * y).sum(), [x, theta])
+
     want = step()
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         got = step()

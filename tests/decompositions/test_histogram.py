@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 import eagerdecomp as ed
 from eagerdecomp.testing import RecordingMode
-from torch.utils._pytree import tree_flatten
 
 
 def _same(fn, *args, **kwargs):
@@ -32,7 +32,10 @@ def _same(fn, *args, **kwargs):
 
 def _inputs(dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(shape, generator=g) * scale for shape, scale in [((), 3), ((5,), 5), ((5, 5), 5), ((17, 3), 100), ((40,), 1)]]
+    xs = [
+        torch.randn(shape, generator=g) * scale
+        for shape, scale in [((), 3), ((5,), 5), ((5, 5), 5), ((17, 3), 100), ((40,), 1)]
+    ]
     xs.append(torch.tensor([0.0, 1.0, 2.0, 3.0, math.nan, 10.0, -10.0, 2.5]))  # edges hit exactly, NaN skipped
     return [x.to(dtype) for x in xs]
 
@@ -75,7 +78,13 @@ def test_histogramdd(dtype):
         for density in (False, True):
             _same(torch.histogramdd, x, [2, 3, 1, 4, 2, 3][:d], weight=w, density=density)
             _same(torch.histogramdd, x, [3] * d, range=[-1.0, 1.0] * d, density=density)
-            _same(torch.histogramdd, x, [torch.randn(4, generator=g).to(dtype) for _ in range(d)], weight=w, density=density)
+            _same(
+                torch.histogramdd,
+                x,
+                [torch.randn(4, generator=g).to(dtype) for _ in range(d)],
+                weight=w,
+                density=density,
+            )
 
 
 def test_eagers_errors():

@@ -102,6 +102,7 @@ def _out(fn, *shapes):
         outs = tuple(torch.empty(0, dtype=d) for d in shapes)
         fn(*args, out=outs if len(outs) > 1 else outs[0])
         return outs
+
     return call
 
 
@@ -113,11 +114,27 @@ MORE = {
     "cholesky_ex out": lambda m: (_out(torch.linalg.cholesky_ex, m["P"].dtype, torch.int32), m["P"]),
     "torch.cholesky": lambda m: (torch.cholesky, m["P"]),
     "solve_triangular": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B, upper=True), m["T"], m["B"]),
-    "solve_triangular unit lower": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), m["T"], m["B"]),
-    "solve_triangular right": lambda m: (lambda A, B: torch.linalg.solve_triangular(A, B.mT, upper=True, left=False), m["T"], m["B"]),
-    "solve_triangular out": lambda m: (_out(lambda A, B, out: torch.linalg.solve_triangular(A, B, upper=False, out=out), m["T"].dtype), m["T"], m["B"]),
+    "solve_triangular unit lower": lambda m: (
+        lambda A, B: torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True),
+        m["T"],
+        m["B"],
+    ),
+    "solve_triangular right": lambda m: (
+        lambda A, B: torch.linalg.solve_triangular(A, B.mT, upper=True, left=False),
+        m["T"],
+        m["B"],
+    ),
+    "solve_triangular out": lambda m: (
+        _out(lambda A, B, out: torch.linalg.solve_triangular(A, B, upper=False, out=out), m["T"].dtype),
+        m["T"],
+        m["B"],
+    ),
     "triangular_solve": lambda m: (torch.triangular_solve, m["B"], m["T"]),
-    "triangular_solve transpose": lambda m: (lambda B, A: torch.triangular_solve(B, A, upper=False, transpose=True), m["B"], m["T"]),
+    "triangular_solve transpose": lambda m: (
+        lambda B, A: torch.triangular_solve(B, A, upper=False, transpose=True),
+        m["B"],
+        m["T"],
+    ),
     "cholesky_solve": lambda m: (torch.cholesky_solve, m["B"], m["L"]),
     "cholesky_solve upper": lambda m: (lambda B, U: torch.cholesky_solve(B, U, upper=True), m["B"], m["L"].mT),
     "cholesky_inverse": lambda m: (torch.cholesky_inverse, m["L"]),
@@ -128,9 +145,20 @@ MORE = {
     "linalg.lu tall": lambda m: (torch.linalg.lu, m["R"]),
     "linalg.lu wide": lambda m: (torch.linalg.lu, m["W"]),
     "lu_unpack": lambda m: (torch.lu_unpack, *torch.linalg.lu_factor(m["R"])),
-    "lu_unpack pivots only": lambda m: (lambda LU, p: torch.lu_unpack(LU, p, unpack_data=False), *torch.linalg.lu_factor(m["W"])),
-    "lu_solve right adjoint": lambda m: (lambda LU, p, B: torch.linalg.lu_solve(LU, p, B.mT, left=False, adjoint=True), *torch.linalg.lu_factor(m["P"]), m["B"]),
-    "lu_solve right out": lambda m: (_out(lambda LU, p, B, out: torch.linalg.lu_solve(LU, p, B.mT, left=False, out=out), m["P"].dtype), *torch.linalg.lu_factor(m["P"]), m["B"]),
+    "lu_unpack pivots only": lambda m: (
+        lambda LU, p: torch.lu_unpack(LU, p, unpack_data=False),
+        *torch.linalg.lu_factor(m["W"]),
+    ),
+    "lu_solve right adjoint": lambda m: (
+        lambda LU, p, B: torch.linalg.lu_solve(LU, p, B.mT, left=False, adjoint=True),
+        *torch.linalg.lu_factor(m["P"]),
+        m["B"],
+    ),
+    "lu_solve right out": lambda m: (
+        _out(lambda LU, p, B, out: torch.linalg.lu_solve(LU, p, B.mT, left=False, out=out), m["P"].dtype),
+        *torch.linalg.lu_factor(m["P"]),
+        m["B"],
+    ),
     "inv out": lambda m: (_out(torch.linalg.inv_ex, m["P"].dtype, torch.int32), m["P"]),
     "geqrf tall": lambda m: (torch.geqrf, m["R"]),
     "geqrf wide": lambda m: (torch.geqrf, m["W"]),
@@ -140,7 +168,11 @@ MORE = {
     "qr out": lambda m: (_out(torch.linalg.qr, m["R"].dtype, m["R"].dtype), m["R"]),
     "householder_product": lambda m: (torch.linalg.householder_product, *torch.geqrf(m["R"])),
     "ormqr": lambda m: (torch.ormqr, *torch.geqrf(m["R"]), m["R"][..., :2]),
-    "ormqr right transpose": lambda m: (lambda a, t, C: torch.ormqr(a, t, C, left=False, transpose=True), *torch.geqrf(m["R"]), m["R"].mT),
+    "ormqr right transpose": lambda m: (
+        lambda a, t, C: torch.ormqr(a, t, C, left=False, transpose=True),
+        *torch.geqrf(m["R"]),
+        m["R"].mT,
+    ),
     "solve": lambda m: (torch.linalg.solve, m["P"], m["B"]),
     "solve vector": lambda m: (torch.linalg.solve, m["P"], m["B"][..., 0]),
     "solve right": lambda m: (lambda A, B: torch.linalg.solve(A, B.mT, left=False), m["P"], m["B"]),
@@ -182,9 +214,15 @@ def test_empty_and_batch_shapes():
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name,fn", [("linalg.cholesky", torch.linalg.cholesky), ("cholesky", torch.cholesky),
-                                     ("cholesky_ex", lambda A: torch.linalg.cholesky_ex(A, check_errors=True)),
-                                     ("lu_factor_ex", lambda A: torch.linalg.lu_factor_ex(A - A, check_errors=True))])
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("linalg.cholesky", torch.linalg.cholesky),
+        ("cholesky", torch.cholesky),
+        ("cholesky_ex", lambda A: torch.linalg.cholesky_ex(A, check_errors=True)),
+        ("lu_factor_ex", lambda A: torch.linalg.lu_factor_ex(A - A, check_errors=True)),
+    ],
+)
 @pytest.mark.parametrize("batched", [True, False])
 def test_not_positive_definite_raises_eagers_error(name, fn, batched):
     N = _more(torch.float64)["N"]

@@ -86,7 +86,9 @@ def test_stable_sort(descending, dim):
     _check(lambda t: torch.sort(t, dim=dim, descending=descending, stable=True), x)
     _check(lambda t: torch.argsort(t, dim=dim, descending=descending, stable=True), x)
     _check(lambda t: torch.sort(t, dim=dim, descending=descending, stable=True), x.t())
-    _check(lambda t: torch.sort(t, dim=dim, descending=descending, stable=True), torch.randint(0, 3, (3, 40), generator=g))
+    _check(
+        lambda t: torch.sort(t, dim=dim, descending=descending, stable=True), torch.randint(0, 3, (3, 40), generator=g)
+    )
     _check(lambda t: torch.sort(t, descending=descending, stable=True), torch.randint(0, 2, (40,), generator=g).bool())
     _check(lambda t: torch.sort(t, stable=True), torch.tensor(3.0))
     _check(lambda t: torch.sort(t, stable=True), torch.randn(0, 3))
@@ -101,7 +103,9 @@ def test_logcumsumexp(dtype):
     for dim in (0, 1):
         _check(lambda t: torch.logcumsumexp(t, dim), y, exact=False)
     _check(lambda t: torch.logcumsumexp(t, 0), y.t(), exact=False)
-    _check(lambda t: torch.logcumsumexp(t, 0), torch.tensor([-float("inf"), -float("inf"), float("inf"), 1.0]), exact=False)
+    _check(
+        lambda t: torch.logcumsumexp(t, 0), torch.tensor([-float("inf"), -float("inf"), float("inf"), 1.0]), exact=False
+    )
 
 
 @pytest.mark.parametrize("fill", [torch.ones, torch.zeros])
@@ -151,4 +155,9 @@ def test_addcdiv_is_bitwise_eager(dtype, n):
     for v in (0.3, -1e-3, 1.0, 2.5, 7, -0.75):
         _check(lambda x, y, z: torch.addcdiv(x, y, z, value=v), s, a, b)
         _check(lambda x, y, z: x.clone().addcdiv_(y, z, value=v), s, a, b)
-    _check(lambda x, y, z: torch.addcdiv(x, y, z, value=0.3), s.view(1, n), a.view(n, 1)[:3], b[: n - 1 : 2].view(1, -1)[:, :1])
+    _check(
+        lambda x, y, z: torch.addcdiv(x, y, z, value=0.3),
+        s.view(1, n),
+        a.view(n, 1)[:3],
+        b[: n - 1 : 2].view(1, -1)[:, :1],
+    )

@@ -12,7 +12,11 @@ import eagerdecomp as ed
 from eagerdecomp.testing import RecordingMode
 
 NAMES = [f"{s}chebyshev_polynomial_{k}" for s in ("", "shifted_") for k in "tuvw"] + [
-    "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"]
+    "hermite_polynomial_h",
+    "hermite_polynomial_he",
+    "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+]
 TOL = {torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
 
 
@@ -30,8 +34,18 @@ def test_polynomial(name, dtype):
     g = torch.Generator().manual_seed(0)
     # the kernels' special points (|x| == 1, x == 0, a tiny x whose 2x - 1 rounds to -1), and
     # degrees negative, fractional, small, past the closed-form thresholds and the Hermite limits
-    x = torch.cat([torch.randn(120, generator=g, dtype=dtype) * 2, torch.tensor([1.0, -1.0, 0.0, 0.5, 2.0, -2.0, 1e-30], dtype=dtype)])[:, None]
-    n = torch.cat([torch.arange(-2, 16, dtype=dtype), torch.tensor([30.0, 100.0, 129.0, 200.0, 513.0, 4.7, -0.5, float("nan")], dtype=dtype)])
+    x = torch.cat(
+        [
+            torch.randn(120, generator=g, dtype=dtype) * 2,
+            torch.tensor([1.0, -1.0, 0.0, 0.5, 2.0, -2.0, 1e-30], dtype=dtype),
+        ]
+    )[:, None]
+    n = torch.cat(
+        [
+            torch.arange(-2, 16, dtype=dtype),
+            torch.tensor([30.0, 100.0, 129.0, 200.0, 513.0, 4.7, -0.5, float("nan")], dtype=dtype),
+        ]
+    )
     want, got = fn(x, n), _under_mode(fn, x, n)
     assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
     rtol, atol = TOL[dtype]

@@ -26,7 +26,9 @@ def _same(want, got):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
-@pytest.mark.parametrize("scale,zero_point,qmin,qmax", [(0.1, 0, -128, 127), (0.0173, 37, 0, 255), (3.0, -5, -(2**31), 2**31 - 1)])
+@pytest.mark.parametrize(
+    "scale,zero_point,qmin,qmax", [(0.1, 0, -128, 127), (0.0173, 37, 0, 255), (3.0, -5, -(2**31), 2**31 - 1)]
+)
 def test_cachemask_is_bitwise_eager(dtype, scale, zero_point, qmin, qmax):
     x = _inputs(dtype, scale)
     want = aten.fake_quantize_per_tensor_affine_cachemask(x, scale, zero_point, qmin, qmax)
@@ -39,7 +41,13 @@ def test_cachemask_is_bitwise_eager(dtype, scale, zero_point, qmin, qmax):
 @pytest.mark.parametrize("enabled", [0, 1])
 def test_tensor_qparams_and_training_step(enabled):
     x = _inputs(torch.float32, 0.05).requires_grad_()
-    args = (torch.tensor([0.05]), torch.tensor([3], dtype=torch.int32), torch.tensor([enabled], dtype=torch.uint8), 0, 255)
+    args = (
+        torch.tensor([0.05]),
+        torch.tensor([3], dtype=torch.int32),
+        torch.tensor([enabled], dtype=torch.uint8),
+        0,
+        255,
+    )
     want = aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(x.detach(), *args)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         got = aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(x.detach(), *args)
@@ -73,14 +81,25 @@ def test_per_channel_is_bitwise_eager(dtype, zp_dtype):
         _same(want, got)
 
 
-@pytest.mark.parametrize("call", [
-    lambda x: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 300, 0, 255),
-    lambda x: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 3, 10, 5),
-    lambda x: aten.fake_quantize_per_channel_affine_cachemask(x, torch.tensor([0.1, 0.2]), torch.tensor([0, 1], dtype=torch.int32), 1, 5, 3),
-    lambda x: aten.fake_quantize_per_channel_affine_cachemask(x, torch.tensor([0.1, 0.2]), torch.tensor([0, 9], dtype=torch.int32), 1, 0, 3),
-    lambda x: aten.fake_quantize_per_channel_affine_cachemask(x, torch.tensor([0.1, 0.2]).double(), torch.tensor([0, 1], dtype=torch.int32), 1, 0, 3),
-    lambda x: aten.fake_quantize_per_channel_affine_cachemask(x, torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 1, 0, 3),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 300, 0, 255),
+        lambda x: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 3, 10, 5),
+        lambda x: aten.fake_quantize_per_channel_affine_cachemask(
+            x, torch.tensor([0.1, 0.2]), torch.tensor([0, 1], dtype=torch.int32), 1, 5, 3
+        ),
+        lambda x: aten.fake_quantize_per_channel_affine_cachemask(
+            x, torch.tensor([0.1, 0.2]), torch.tensor([0, 9], dtype=torch.int32), 1, 0, 3
+        ),
+        lambda x: aten.fake_quantize_per_channel_affine_cachemask(
+            x, torch.tensor([0.1, 0.2]).double(), torch.tensor([0, 1], dtype=torch.int32), 1, 0, 3
+        ),
+        lambda x: aten.fake_quantize_per_channel_affine_cachemask(
+            x, torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 1, 0, 3
+        ),
+    ],
+)
 def test_argument_errors_are_eagers(call):
     x = torch.randn(2, 2)
     with pytest.raises(RuntimeError) as native:

@@ -113,16 +113,22 @@ def _inputs(n_gates, dtype, bias, strided):
     return [t.to(dtype) if t is not None else None for t in (ig, hg, h, bi, bh)]
 
 
-CELL_CASES = [(dtype, bias, strided) for dtype in (torch.float32, torch.float64, torch.float16)
-              for bias in (True, False) for strided in (False, True)]
+CELL_CASES = [
+    (dtype, bias, strided)
+    for dtype in (torch.float32, torch.float64, torch.float16)
+    for bias in (True, False)
+    for strided in (False, True)
+]
 
 
 @pytest.mark.parametrize("dtype,bias,strided", CELL_CASES)
 def test_fused_cells_under_the_mode(dtype, bias, strided):
     # against a float64 reference: float32's own tolerance, half's as the kernel rounds its results
     tol = {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.float32: dict(atol=1e-5, rtol=1.3e-6)}.get(dtype, {})
-    for op, reference, n in ((aten._thnn_fused_lstm_cell.default, _lstm_reference, 4),
-                             (aten._thnn_fused_gru_cell.default, _gru_reference, 3)):
+    for op, reference, n in (
+        (aten._thnn_fused_lstm_cell.default, _lstm_reference, 4),
+        (aten._thnn_fused_gru_cell.default, _gru_reference, 3),
+    ):
         args = _inputs(n, dtype, bias, strided)
         with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
             got = op(*args)
@@ -141,10 +147,16 @@ def test_fused_cell_backwards_under_the_mode():
         hy, cy, ws = _lstm_reference(ig, hg, c, bi, bh)
         g_hy, g_cy = torch.randn_like(hy), torch.randn_like(cy)
         for gh, gc in ((g_hy, g_cy), (g_hy, None), (None, g_cy)):
-            want = torch.autograd.grad([t for t, g in ((hy, gh), (cy, gc)) if g is not None],
-                                       leaves, [g for g in (gh, gc) if g is not None], retain_graph=True)
+            want = torch.autograd.grad(
+                [t for t, g in ((hy, gh), (cy, gc)) if g is not None],
+                leaves,
+                [g for g in (gh, gc) if g is not None],
+                retain_graph=True,
+            )
             with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
-                gates, gcx, gbias = aten._thnn_fused_lstm_cell_backward_impl(gh, gc, c.detach(), cy.detach(), ws.detach(), bias)
+                gates, gcx, gbias = aten._thnn_fused_lstm_cell_backward_impl(
+                    gh, gc, c.detach(), cy.detach(), ws.detach(), bias
+                )
             rec.assert_only("core_aten")
             torch.testing.assert_close(gates, want[0])
             torch.testing.assert_close(gates, want[1])  # input and hidden projections get the same gradient

@@ -62,7 +62,9 @@ def test_poisson_distribution(lam):
     _same_counts(torch.poisson(rate), _ours(torch.poisson, rate))
 
 
-@pytest.mark.parametrize("count,prob", [(5, 0.3), (20, 0.45), (100, 0.3), (100, 0.8), (15, 0.9), (5.5, 0.5), (1e4, 0.01)])
+@pytest.mark.parametrize(
+    "count,prob", [(5, 0.3), (20, 0.45), (100, 0.3), (100, 0.8), (15, 0.9), (5.5, 0.5), (1e4, 0.01)]
+)
 def test_binomial_distribution(count, prob):
     torch.manual_seed(1)
     n, p = torch.full((N,), float(count)), torch.full((N,), prob)
@@ -103,11 +105,14 @@ def test_errors():
         torch.binomial(torch.tensor([math.nan]), torch.tensor([0.5]))  # the kernel would never return
 
 
-@pytest.mark.parametrize("fn,args", [
-    (torch.poisson, (torch.full((4, 5), 12.0),)),
-    (torch.binomial, (torch.full((4, 5), 30.0), torch.full((4, 5), 0.5))),
-    (torch._standard_gamma, (torch.full((4, 5), 0.7),)),
-])
+@pytest.mark.parametrize(
+    "fn,args",
+    [
+        (torch.poisson, (torch.full((4, 5), 12.0),)),
+        (torch.binomial, (torch.full((4, 5), 30.0), torch.full((4, 5), 0.5))),
+        (torch._standard_gamma, (torch.full((4, 5), 0.7),)),
+    ],
+)
 def test_seeded_and_fresh(fn, args):
     def draw(seed=None):
         if seed is not None:
@@ -130,9 +135,13 @@ def test_on_the_reference_device(switched_device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_standard_gamma_grad_matches_the_kernel_on_every_branch(dtype):
     g = torch.Generator().manual_seed(5)
-    alpha = torch.cat([torch.rand(2000, generator=g) * 0.9 + 0.05,  # Taylor series (x < 0.8) mostly
-                       torch.rand(2000, generator=g) * 7 + 1,  # rational approximation
-                       torch.rand(2000, generator=g) * 50 + 8.5]).to(dtype)  # Rice saddle point
+    alpha = torch.cat(
+        [
+            torch.rand(2000, generator=g) * 0.9 + 0.05,  # Taylor series (x < 0.8) mostly
+            torch.rand(2000, generator=g) * 7 + 1,  # rational approximation
+            torch.rand(2000, generator=g) * 50 + 8.5,
+        ]
+    ).to(dtype)  # Rice saddle point
     x = torch._standard_gamma(alpha)
     x[-1000:] = alpha[-1000:] * (0.85 + 0.3 * torch.rand(1000, generator=g)).to(dtype)  # near and at the mode
     want = torch._standard_gamma_grad(alpha, x)

@@ -77,8 +77,11 @@ def test_index_reduce(dtype, reduce, include_self):
     idx = torch.randint(0, 4, (6,), generator=g)
     _check(lambda s, src: s.index_reduce(1, idx, src, reduce, include_self=include_self), s, src)
     _check(lambda s, src: s.index_reduce(0, idx[:2], src[:2, :4], reduce, include_self=include_self), s, src)
-    _check(lambda s, src: s.index_reduce(0, torch.tensor([0]), src, reduce, include_self=include_self),
-           torch.tensor(2.0).to(dtype), torch.tensor(3.0).to(dtype))
+    _check(
+        lambda s, src: s.index_reduce(0, torch.tensor([0]), src, reduce, include_self=include_self),
+        torch.tensor(2.0).to(dtype),
+        torch.tensor(3.0).to(dtype),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
@@ -96,7 +99,9 @@ def test_trilinear(dtype):
     x1, x2 = torch.randn(4, 3, dtype=dtype, generator=g), torch.randn(4, 5, dtype=dtype, generator=g)
     w, b = torch.randn(6, 3, 5, dtype=dtype, generator=g), torch.randn(6, dtype=dtype, generator=g)
     _check(F.bilinear, x1, x2, w, b)
-    _check(F.bilinear, torch.randn(2, 7, 3, dtype=dtype, generator=g), torch.randn(2, 7, 5, dtype=dtype, generator=g), w)
+    _check(
+        F.bilinear, torch.randn(2, 7, 3, dtype=dtype, generator=g), torch.randn(2, 7, 5, dtype=dtype, generator=g), w
+    )
     tri = torch._C._VariableFunctions._trilinear
     for sumdim in ([2, 3], [], [3]):
         _check(lambda a, c, d: tri(a, c, d, [1, 3], [0], [1, 2], sumdim), x1, w, x2)

@@ -44,7 +44,9 @@ def test_segment_reduce(dtype, reduce):
     for initial in (None, 0.5):
         _both(data, reduce, lengths=lengths, axis=0, unsafe=False, initial=initial)
         _both(data, reduce, offsets=torch.tensor([0, 2, 2, 5, 7]), axis=0, unsafe=False, initial=initial)
-        _both(data, reduce, offsets=torch.tensor([0, 1, 4, 4, 6]), axis=0, unsafe=True, initial=initial)  # last row unused
+        _both(
+            data, reduce, offsets=torch.tensor([0, 1, 4, 4, 6]), axis=0, unsafe=True, initial=initial
+        )  # last row unused
     lengths2 = torch.tensor([[1, 3, 0], [2, 2, 0], [0, 0, 4]])
     _both(torch.randn(3, 4, 2, generator=g).to(dtype), reduce, lengths=lengths2, axis=1, unsafe=False, initial=1.0)
 

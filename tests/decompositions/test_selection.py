@@ -97,12 +97,15 @@ def test_kthvalue_without_ties_matches_and_scalars():
     _check(torch.mode, torch.tensor(2.5))
 
 
-@pytest.mark.parametrize("call", [
-    lambda: torch.kthvalue(torch.zeros(3, 2), 3, 1),
-    lambda: torch.kthvalue(torch.zeros(3, 0), 1, 1),
-    lambda: torch.median(torch.zeros(3, 0), 1),
-    lambda: torch.mode(torch.zeros(3, 0), 1),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: torch.kthvalue(torch.zeros(3, 2), 3, 1),
+        lambda: torch.kthvalue(torch.zeros(3, 0), 1, 1),
+        lambda: torch.median(torch.zeros(3, 0), 1),
+        lambda: torch.mode(torch.zeros(3, 0), 1),
+    ],
+)
 def test_errors_are_eagers(call):
     with pytest.raises(Exception) as native:
         call()

@@ -10,7 +10,17 @@ import torch
 import eagerdecomp as ed
 from eagerdecomp.testing import RecordingMode
 
-DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64]
+DTYPES = [
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
 # (start, end, steps): the OpInfo's off-by-one case, float endpoints truncated at integers,
 # decreasing ranges, odd and even step counts on both sides of the halfway split
 LINSPACE = [(-3.5, 10, 33), (4.3, -2.0, 50), (0, 50, 7), (-71.37, 93.02, 257), (12, 12, 5), (1.1, 2.2, 2), (3, 0, 1)]
@@ -102,8 +112,11 @@ def test_eagers_errors_and_declines():
 
 
 def test_out_resized_and_strided():
-    for make in (lambda: torch.empty(0, dtype=torch.bfloat16), lambda: torch.empty(12, dtype=torch.bfloat16)[::2],
-                 lambda: torch.empty(3, dtype=torch.bfloat16)):
+    for make in (
+        lambda: torch.empty(0, dtype=torch.bfloat16),
+        lambda: torch.empty(12, dtype=torch.bfloat16)[::2],
+        lambda: torch.empty(3, dtype=torch.bfloat16),
+    ):
         want, got = make(), make()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

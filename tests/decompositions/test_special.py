@@ -11,16 +11,43 @@ import eagerdecomp as ed
 from eagerdecomp.testing import RecordingMode
 
 _g = torch.Generator().manual_seed(0)
-WIDE = torch.cat([
-    torch.randn(2000, generator=_g, dtype=torch.float64) * 5,
-    torch.rand(500, generator=_g, dtype=torch.float64) * 200 - 100,
-    torch.tensor([0.0, -0.0, 1, 2, -1, -2.5, 0.5, 1e-300, 1e10, -1e6 + 0.3, math.inf, -math.inf, math.nan, 20, 20.001, -30, 700, -700],
-                 dtype=torch.float64),
-])
-UNIT = torch.cat([
-    torch.rand(2000, generator=_g, dtype=torch.float64) * 2 - 1,
-    torch.tensor([0.0, 1, -1, 1.5, -1.5, 0.7, 0.70001, 0.99999999, -0.9999999999, 1e-300, math.nan], dtype=torch.float64),
-])
+WIDE = torch.cat(
+    [
+        torch.randn(2000, generator=_g, dtype=torch.float64) * 5,
+        torch.rand(500, generator=_g, dtype=torch.float64) * 200 - 100,
+        torch.tensor(
+            [
+                0.0,
+                -0.0,
+                1,
+                2,
+                -1,
+                -2.5,
+                0.5,
+                1e-300,
+                1e10,
+                -1e6 + 0.3,
+                math.inf,
+                -math.inf,
+                math.nan,
+                20,
+                20.001,
+                -30,
+                700,
+                -700,
+            ],
+            dtype=torch.float64,
+        ),
+    ]
+)
+UNIT = torch.cat(
+    [
+        torch.rand(2000, generator=_g, dtype=torch.float64) * 2 - 1,
+        torch.tensor(
+            [0.0, 1, -1, 1.5, -1.5, 0.7, 0.70001, 0.99999999, -0.9999999999, 1e-300, math.nan], dtype=torch.float64
+        ),
+    ]
+)
 FUNCTIONS = {
     "lgamma": (torch.lgamma, WIDE, True),
     "digamma": (torch.digamma, WIDE, True),
@@ -63,7 +90,11 @@ def test_accuracy_rule(name, dtype):
 @pytest.mark.parametrize("name", ["lgamma", "digamma", "erfinv", "i0"])
 def test_integer_inputs_promote_as_eager(name):
     fn = FUNCTIONS[name][0]
-    x = torch.tensor([0, 1, 2, 5], dtype=torch.int64) if name != "erfinv" else torch.tensor([0, 1, -1], dtype=torch.int64)
+    x = (
+        torch.tensor([0, 1, 2, 5], dtype=torch.int64)
+        if name != "erfinv"
+        else torch.tensor([0, 1, -1], dtype=torch.int64)
+    )
     with ed.EagerDecompMode("core_aten"):
         got = fn(x)
     want = fn(x)
@@ -74,8 +105,12 @@ def test_integer_inputs_promote_as_eager(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 def test_spherical_bessel_j0(dtype):
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(200, dtype=torch.float64, generator=g) * 10,
-                   torch.tensor([0.0, 1e-9, 0.3, 0.5, 0.6, 3.0, -3.0, math.inf, -math.inf, math.nan, 1e30])])
+    x = torch.cat(
+        [
+            torch.randn(200, dtype=torch.float64, generator=g) * 10,
+            torch.tensor([0.0, 1e-9, 0.3, 0.5, 0.6, 3.0, -3.0, math.inf, -math.inf, math.nan, 1e30]),
+        ]
+    )
     x = x.to(dtype) if dtype.is_floating_point else (x[x.isfinite()] * 3).to(dtype)
     want = torch.special.spherical_bessel_j0(x)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
@@ -89,10 +124,14 @@ def test_spherical_bessel_j0(dtype):
 def test_ndtri_tails(dtype):
     # the centre, both tails down to the smallest double, the ends and outside [0, 1]
     g = torch.Generator().manual_seed(0)
-    p = torch.cat([torch.rand(500, dtype=torch.float64, generator=g),
-                   10 ** (-torch.rand(200, dtype=torch.float64, generator=g) * 300),
-                   1 - 10 ** (-torch.rand(100, dtype=torch.float64, generator=g) * 15),
-                   torch.tensor([0.0, 1.0, 0.5, 0.25, 0.75, 1e-320, 5e-324, -0.1, 1.1, math.nan, 0.5 + 1e-12])]).to(dtype)
+    p = torch.cat(
+        [
+            torch.rand(500, dtype=torch.float64, generator=g),
+            10 ** (-torch.rand(200, dtype=torch.float64, generator=g) * 300),
+            1 - 10 ** (-torch.rand(100, dtype=torch.float64, generator=g) * 15),
+            torch.tensor([0.0, 1.0, 0.5, 0.25, 0.75, 1e-320, 5e-324, -0.1, 1.1, math.nan, 0.5 + 1e-12]),
+        ]
+    ).to(dtype)
     want = torch.special.ndtri(p)
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         got = torch.special.ndtri(p)
@@ -125,8 +164,12 @@ def _polygamma_like(fn, *args):
 def test_polygamma(dtype, n):
     g = torch.Generator().manual_seed(0)
     # negative arguments need more direct zeta terms (NaN and inf must not hide them)
-    x = torch.cat([torch.rand(300, dtype=torch.float64, generator=g) * 20 - 10,
-                   torch.tensor([0.0, -1.0, -2.5, 1.0, 0.5, 1e-8, 30.0, 1e3, math.inf, math.nan, -3.0])]).to(dtype)
+    x = torch.cat(
+        [
+            torch.rand(300, dtype=torch.float64, generator=g) * 20 - 10,
+            torch.tensor([0.0, -1.0, -2.5, 1.0, 0.5, 1e-8, 30.0, 1e3, math.inf, math.nan, -3.0]),
+        ]
+    ).to(dtype)
     _polygamma_like(lambda t: torch.polygamma(n, t), x)
 
 
@@ -144,15 +187,39 @@ def test_zeta(dtype):
 
 # -- Bessel J0, J1, Y0, Y1, K0, K1 (scaled too) and Airy Ai (eagerdecomp/bessel.py) ----------------
 _h = torch.Generator().manual_seed(1)
-BESSEL_X = torch.cat([
-    torch.randn(2000, generator=_h, dtype=torch.float64) * 5,
-    torch.rand(1000, generator=_h, dtype=torch.float64) * 200 - 100,
-    torch.logspace(-12, 6, 200, dtype=torch.float64), -torch.logspace(-12, 6, 200, dtype=torch.float64),
-    torch.linspace(1.9, 2.2, 61, dtype=torch.float64), torch.linspace(4.9, 5.1, 41, dtype=torch.float64),
-    torch.linspace(100, 110, 41, dtype=torch.float64),  # Ai's cut to 0 at 103.892
-    torch.tensor([0.0, -0.0, 1e-300, 5e-6, 1e-5, 2.0, 2.09, -2.09, 5.0, 8.3203353, 103.892, 1e10, -1e10, 1e300,
-                  math.inf, -math.inf, math.nan], dtype=torch.float64),
-])
+BESSEL_X = torch.cat(
+    [
+        torch.randn(2000, generator=_h, dtype=torch.float64) * 5,
+        torch.rand(1000, generator=_h, dtype=torch.float64) * 200 - 100,
+        torch.logspace(-12, 6, 200, dtype=torch.float64),
+        -torch.logspace(-12, 6, 200, dtype=torch.float64),
+        torch.linspace(1.9, 2.2, 61, dtype=torch.float64),
+        torch.linspace(4.9, 5.1, 41, dtype=torch.float64),
+        torch.linspace(100, 110, 41, dtype=torch.float64),  # Ai's cut to 0 at 103.892
+        torch.tensor(
+            [
+                0.0,
+                -0.0,
+                1e-300,
+                5e-6,
+                1e-5,
+                2.0,
+                2.09,
+                -2.09,
+                5.0,
+                8.3203353,
+                103.892,
+                1e10,
+                -1e10,
+                1e300,
+                math.inf,
+                -math.inf,
+                math.nan,
+            ],
+            dtype=torch.float64,
+        ),
+    ]
+)
 BESSEL = {
     "bessel_j0": torch.special.bessel_j0,
     "bessel_j1": torch.special.bessel_j1,
@@ -199,10 +266,31 @@ def _gamma_pairs():
     x = torch.cat([u(400, 5), u(200, 300), 10 ** (u(200, 8) - 3)])
     a2 = 10 ** u(300, 5)  # Temme's region: large a, x near a
     x2 = a2 * (1 + (u(300, 1) - 0.5) * 0.4)
-    a3, x3 = u(140, 3), torch.tensor([0.3, 0.5, 0.6, 1.0, 1.05, 1.1, 1.2], dtype=torch.float64).repeat(20)  # branch borders
-    special = torch.tensor([[0.0, 1.0], [0.0, 0.0], [-1.0, 1.0], [1.0, -1.0], [1.0, 0.0], [math.inf, 1.0], [math.inf, math.inf],
-                            [1.0, math.inf], [math.nan, 0.0], [math.nan, 1.0], [1.0, math.nan], [math.nan, math.inf],
-                            [1e4, 1.02e4], [1e6, 0.995e6], [25.0, 24.0], [250.0, 260.0]], dtype=torch.float64)
+    a3, x3 = (
+        u(140, 3),
+        torch.tensor([0.3, 0.5, 0.6, 1.0, 1.05, 1.1, 1.2], dtype=torch.float64).repeat(20),
+    )  # branch borders
+    special = torch.tensor(
+        [
+            [0.0, 1.0],
+            [0.0, 0.0],
+            [-1.0, 1.0],
+            [1.0, -1.0],
+            [1.0, 0.0],
+            [math.inf, 1.0],
+            [math.inf, math.inf],
+            [1.0, math.inf],
+            [math.nan, 0.0],
+            [math.nan, 1.0],
+            [1.0, math.nan],
+            [math.nan, math.inf],
+            [1e4, 1.02e4],
+            [1e6, 0.995e6],
+            [25.0, 24.0],
+            [250.0, 260.0],
+        ],
+        dtype=torch.float64,
+    )
     return torch.cat([a, a2, a3, special[:, 0]]), torch.cat([x, x2, x3, special[:, 1]])
 
 

@@ -74,7 +74,11 @@ def test_private_reductions_stack_and_scans():
 
 def test_slow_conv3d_forward():
     g = torch.Generator().manual_seed(2)
-    x, w, b = torch.randn(2, 3, 5, 6, 7, generator=g), torch.randn(4, 3, 2, 3, 2, generator=g), torch.randn(4, generator=g)
+    x, w, b = (
+        torch.randn(2, 3, 5, 6, 7, generator=g),
+        torch.randn(4, 3, 2, 3, 2, generator=g),
+        torch.randn(4, generator=g),
+    )
     want = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])
     with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
         got = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])

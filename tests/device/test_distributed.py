@@ -94,15 +94,20 @@ def ddp_under_the_mode(rank):
         _train(ddp, ddp.parameters(), x, y)
     diff = _max_diff(model, dict(ref.named_parameters()))
     assert diff < 1e-5, f"DDP under the mode differs from one process by {diff}"
-    return {"diff": diff, "outside": rec.outside("core_aten"), "collectives": rec.collectives(),
-            "decomposed": sorted(r.op for r in mode.report().decomposed)}
+    return {
+        "diff": diff,
+        "outside": rec.outside("core_aten"),
+        "collectives": rec.collectives(),
+        "decomposed": sorted(r.op for r in mode.report().decomposed),
+    }
 
 
 def fsdp2_under_the_mode(rank):
-    import eagerdecomp as ed
-    from eagerdecomp.testing import RecordingMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    import eagerdecomp as ed
+    from eagerdecomp.testing import RecordingMode
 
     torch.manual_seed(0)
     base = MLP()
@@ -117,15 +122,20 @@ def fsdp2_under_the_mode(rank):
     state = {n: _full(p.detach()) for n, p in model.named_parameters()}
     diff = max((state[n] - p.detach()).abs().max().item() for n, p in ref.named_parameters())
     assert diff < 1e-5, f"FSDP2 under the mode differs from one process by {diff}"
-    return {"diff": diff, "outside": rec.outside("core_aten"), "collectives": rec.collectives(),
-            "custom": sorted(r.op for r in mode.report().rows if r.route in ("custom op", "custom kernel"))}
+    return {
+        "diff": diff,
+        "outside": rec.outside("core_aten"),
+        "collectives": rec.collectives(),
+        "custom": sorted(r.op for r in mode.report().rows if r.route in ("custom op", "custom kernel")),
+    }
 
 
 def tensor_parallel_under_the_mode(rank):
-    import eagerdecomp as ed
-    from eagerdecomp.testing import RecordingMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import eagerdecomp as ed
+    from eagerdecomp.testing import RecordingMode
 
     torch.manual_seed(0)
     base = MLP()
@@ -167,8 +177,12 @@ def ddp_on_the_reference_device(rank):
         ed.disable(dev)
     diff = max((p.detach().cpu() - q.detach()).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
     assert diff < 1e-5, f"DDP on edref differs from one CPU process by {diff}"
-    return {"diff": diff, "calls": dict(group.calls), "lacking": lacking,
-            "decomposed": sorted(r.op for r in switch.report().decomposed)}
+    return {
+        "diff": diff,
+        "calls": dict(group.calls),
+        "lacking": lacking,
+        "decomposed": sorted(r.op for r in switch.report().decomposed),
+    }
 
 
 SCENARIOS = {
@@ -186,7 +200,10 @@ def _worker(rank: int, port: int, out_dir: str, names: list) -> None:
     except BackendError:
         names = [n for n in names if n != "ddp_on_the_reference_device"]
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )
     results = {}
@@ -276,9 +293,9 @@ def test_ddp_on_the_reference_device_matches_cpu(cpu_results):
 
 
 def test_host_view_shares_the_device_memory():
-    from eagerdecomp.runtime import library as _ext
-    from eagerdecomp.errors import BackendError
     from eagerdecomp.device.refdev import reference_device
+    from eagerdecomp.errors import BackendError
+    from eagerdecomp.runtime import library as _ext
 
     try:
         dev = reference_device()
@@ -289,7 +306,11 @@ def test_host_view_shares_the_device_memory():
         pytest.skip("the loaded C++ library predates host_view (rebuild with make install)")
     d = torch.arange(12.0).reshape(3, 4).to(dev)[1:]  # a view with an offset
     h = host_view(d)
-    assert h.device.type == "cpu" and (h.shape, h.stride(), h.storage_offset()) == (d.shape, d.stride(), d.storage_offset())
+    assert h.device.type == "cpu" and (h.shape, h.stride(), h.storage_offset()) == (
+        d.shape,
+        d.stride(),
+        d.storage_offset(),
+    )
     h.mul_(-1)  # what gloo does: write the buffer in place
     assert torch.equal(d.cpu(), -torch.arange(4.0, 12.0).reshape(2, 4))
     del d  # the view keeps the device memory alive

@@ -40,7 +40,12 @@ def test_round_trip_and_device_tags():
 def test_core_view_ops_share_the_device_storage():
     x = torch.arange(12.0).reshape(3, 4)
     d = x.to(DEV)
-    for fn in (lambda t: t.as_strided((2, 2), (1, 4), 1), lambda t: t.view(4, 3), lambda t: t.permute(1, 0), lambda t: t[1]):
+    for fn in (
+        lambda t: t.as_strided((2, 2), (1, 4), 1),
+        lambda t: t.view(4, 3),
+        lambda t: t.permute(1, 0),
+        lambda t: t[1],
+    ):
         v, vc = fn(d), fn(x)
         assert ptr(v) == ptr(d) and v.device.type == "edref"
         assert (v.shape, v.stride(), v.storage_offset()) == (vc.shape, vc.stride(), vc.storage_offset())
@@ -139,8 +144,6 @@ def test_enable_warns_of_device_kernels_that_lose_autograd():
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::var.dim", "PrivateUse1")
 
 
-
-
 def test_module_to_the_device_keeps_tied_weights_tied():
     # Module.to() swaps each parameter's .data in place where PyTorch calls CPU and the device
     # compatible, as on CUDA; before the device said so, every parameter became a new Parameter
@@ -195,6 +198,7 @@ def test_views_under_inference_mode_follow_their_base(switch):
     assert got == want == (False, True, True, True)
     torch.testing.assert_close(y.cpu(), ref)
 
+
 # how a program on the device may end: each must exit with status 0
 EXIT_SCRIPTS = {
     "load only": "dev = reference_device()",
@@ -227,7 +231,9 @@ def test_programs_on_the_device_exit_cleanly():
     try:
         ended = {}
         for name, last in EXIT_SCRIPTS.items():
-            r = subprocess.run([sys.executable, "-c", head + last], env=env, capture_output=True, text=True, timeout=300)
+            r = subprocess.run(
+                [sys.executable, "-c", head + last], env=env, capture_output=True, text=True, timeout=300
+            )
             ended[name] = (r.returncode, "terminate" in r.stderr)
     finally:
         busy.kill()

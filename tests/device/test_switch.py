@@ -50,7 +50,10 @@ def assert_same(cpu, dev):
     """Same values, dtype, shape, strides and storage offset as the CPU result."""
     assert dev.device.type == DEV.type
     assert (dev.dtype, dev.shape, dev.stride(), dev.storage_offset()) == (
-        cpu.dtype, cpu.shape, cpu.stride(), cpu.storage_offset()
+        cpu.dtype,
+        cpu.shape,
+        cpu.stride(),
+        cpu.storage_offset(),
     )
     torch.testing.assert_close(dev.cpu(), cpu, rtol=1e-6, atol=1e-6, equal_nan=True)
 
@@ -64,7 +67,9 @@ def same_storage(a, b) -> bool:
 
 def test_device_is_strict_without_eagerdecomp(disabled):
     x = torch.randn(4, 4, device=DEV)
-    with pytest.raises(NotImplementedError, match=r"Could not run 'aten::silu\.out' with arguments from the 'edref' backend"):
+    with pytest.raises(
+        NotImplementedError, match=r"Could not run 'aten::silu\.out' with arguments from the 'edref' backend"
+    ):
         F.silu(x)
     # a core op runs, on the device's own kernel
     with refdev.op_log() as ran:
@@ -199,7 +204,10 @@ def test_inplace_returns_the_same_object(enabled, name):
 
 def test_out_returns_the_caller_tensor_and_resizes_like_cpu(enabled):
     a, b = torch.randn(3, 4), torch.randn(3, 4)
-    for out_c, out_d in [(torch.empty(3, 4), torch.empty(3, 4, device=DEV)), (torch.empty(0), torch.empty(0, device=DEV))]:
+    for out_c, out_d in [
+        (torch.empty(3, 4), torch.empty(3, 4, device=DEV)),
+        (torch.empty(0), torch.empty(0, device=DEV)),
+    ]:
         rc = torch.addcmul(a, a, b, value=2.0, out=out_c)
         rd = torch.addcmul(a.to(DEV), a.to(DEV), b.to(DEV), value=2.0, out=out_d)
         assert rd is out_d and rc is out_c
@@ -258,7 +266,7 @@ def test_resize_and_item(enabled):
     d = x.to(DEV)
     x.resize_(2, 5)
     d.resize_(2, 5)
-    assert_same(x[0, :6 // 2], d[0, :6 // 2])
+    assert_same(x[0, : 6 // 2], d[0, : 6 // 2])
     assert x.shape == d.shape and x.stride() == d.stride()
     assert d[0, 1].item() == 1.0
 
@@ -314,7 +322,7 @@ def test_enable_twice_disable_twice(disabled):
     try:
         assert device_switch.enable(DEV.type) is b  # same settings: a no-op
         assert device_switch.enabled(DEV) is b and device_switch.enabled() == [DEV.type]
-        with pytest.raises(BackendError, match="already enabled with other settings; call eagerdecomp\.disable"):
+        with pytest.raises(BackendError, match=r"already enabled with other settings; call eagerdecomp\.disable"):
             device_switch.enable(DEV, "core_aten")
     finally:
         assert device_switch.disable(DEV) is True
@@ -361,7 +369,9 @@ def test_explicit_opset_narrows_where_decomposition_stops(disabled):
 
 def _run(code: str, **env):
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_environment_switch_enables_the_device():
@@ -387,7 +397,8 @@ def test_former_names_still_work_and_say_they_are_deprecated():
         with warnings.catch_warnings(record=True) as seen:
             import eagerdecomp as ed
             import eagerdecomp.backend as b
-        print(b is ed.device, b.enabled(), sorted({str(w.category.__name__) for w in seen if "deprecated" in str(w.message)}))
+        kinds = {str(w.category.__name__) for w in seen if "deprecated" in str(w.message)}
+        print(b is ed.device, b.enabled(), sorted(kinds))
         """,
         EAGERDECOMP_BACKENDS="edref",
     )
@@ -395,7 +406,9 @@ def test_former_names_still_work_and_say_they_are_deprecated():
     assert r.stdout.split() == ["True", "['edref']", "['DeprecationWarning']"]
 
 
-@pytest.mark.skipif(not hasattr(ed, "enable"), reason="eagerdecomp/__init__.py does not call device_switch.enable_from_env yet")
+@pytest.mark.skipif(
+    not hasattr(ed, "enable"), reason="eagerdecomp/__init__.py does not call device_switch.enable_from_env yet"
+)
 def test_environment_switch_at_import():
     r = _run(
         """

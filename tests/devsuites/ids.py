@@ -17,9 +17,8 @@ def generic_id(file: str, cls: str, name: str, device: str) -> str:
         if cls.endswith(suffix):
             cls = cls[: -len(suffix)]
             break
-    last = None
-    for last in re.finditer(rf"_(?:cpu|{re.escape(device)})(?=_|$)", name):
-        pass
+    matches = list(re.finditer(rf"_(?:cpu|{re.escape(device)})(?=_|$)", name))
+    last = matches[-1] if matches else None
     if last is not None:  # the device comes right after the test's own name: the last match
-        name = name[: last.start()] + "_DEVICE" + name[last.end():]
+        name = name[: last.start()] + "_DEVICE" + name[last.end() :]
     return f"{file}::{cls}::{name}"

@@ -48,7 +48,7 @@ _BY_REASON: dict[str, str] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _patterns() -> tuple:
     return tuple((p, reason) for reason, ids in _BY_REASON.items() for p in ids.split())
 

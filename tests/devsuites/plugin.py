@@ -54,7 +54,7 @@ _ALIASES = {
     common_utils: {"skipIfMps": lambda: common_utils.skipIfMPS},
     common_nn: {"new_module_tests": common_nn.get_new_module_tests},
     # 2.4's CUDA check (Ampere's TF32); no CUDA here, so never
-    common_cuda: {"tf32_is_not_fp32": lambda: (lambda: False)},
+    common_cuda: {"tf32_is_not_fp32": lambda: lambda: False},
     common_mkldnn: {
         "bf32_on_and_off": lambda: lambda bf32_precision=1e-2: common_mkldnn.reduced_f32_on_and_off(bf32_precision)
     },

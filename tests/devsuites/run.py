@@ -48,8 +48,23 @@ def run_device(device: str, workdir: Path, files, select, jobs: int, timeout: fl
     )
     if select:
         env["EAGERDECOMP_DEVSUITE_SELECT"] = str(select)
-    cmd = [sys.executable, "-m", "pytest", *files, "-p", "tests.devsuites.plugin", "-q", "-p", "no:cacheprovider",
-           "-n", str(jobs), "--tb=no", "-rN", "-W", "ignore"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *files,
+        "-p",
+        "tests.devsuites.plugin",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        str(jobs),
+        "--tb=no",
+        "-rN",
+        "-W",
+        "ignore",
+    ]
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     records = {}
     for path in glob.glob(str(out / "*.jsonl")):
@@ -128,7 +143,9 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
                 ops[rec["op"]] += 1
         if v.startswith("unexpected"):
             d = dev[tid]
-            unexpected.append((tid, v, cause(d) if v == "unexpected failure" else reason_for(tid), d.get("message", "")))
+            unexpected.append(
+                (tid, v, cause(d) if v == "unexpected failure" else reason_for(tid), d.get("message", ""))
+            )
     # only tests both devices instantiate compare (dtypesIfCPU, onlyCPU... make CPU-only ones)
     cpu_passed = sum(1 for t, r in cpu.items() if r["outcome"] == "passed" and t in dev)
     cpu_only = sum(1 for t, r in cpu.items() if r["outcome"] == "passed" and t not in dev)
@@ -160,13 +177,21 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
         f"{len(unexpected)} unexpected. Tests that changed the dispatch state: {len(data['state_changed'])}. "
         f"({cpu_only} CPU passes have no {DEVICE} copy: dtypes or decorators for CPU only.)",
         "",
-        "| file | " + " | ".join(("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass")) + " |",
+        "| file | "
+        + " | ".join(("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass"))
+        + " |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for f in files:
         c = by_file.get(f, Counter())
-        lines.append(f"| {f} | " + " | ".join(str(c[k]) for k in ("passed", "known failure", "skipped on device",
-                                                                  "unexpected failure", "unexpected pass")) + " |")
+        lines.append(
+            f"| {f} | "
+            + " | ".join(
+                str(c[k])
+                for k in ("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass")
+            )
+            + " |"
+        )
     lines += ["", "## Known failures by reason", "", "| reason | tests |", "| --- | ---: |"]
     lines += [f"| {k} | {n} |" for k, n in reasons.most_common()]
     lines += ["", "## Failures by cause", "", "| cause | tests |", "| --- | ---: |"]
@@ -210,7 +235,9 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text(text)
-        out.with_suffix(".json").write_text(json.dumps({"summary": data, "cpu": cpu, DEVICE: dev}, indent=1, sort_keys=True))
+        out.with_suffix(".json").write_text(
+            json.dumps({"summary": data, "cpu": cpu, DEVICE: dev}, indent=1, sort_keys=True)
+        )
         print(text)
         return 1 if data["unexpected"] or data["state_changed"] or data["stale_known"] else 0
     finally:

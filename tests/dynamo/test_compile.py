@@ -226,7 +226,7 @@ def test_training_module_matches_native():
 
     for a, b in zip(losses, expected):
         assert_same(a, b)
-    for (name, p), q in zip(model.named_parameters(), native.parameters()):
+    for (_name, p), q in zip(model.named_parameters(), native.parameters()):
         assert_same(p.detach(), q.detach())
         assert_same(p.grad, q.grad)
     for a, b in zip(model.buffers(), native.buffers()):
@@ -457,7 +457,8 @@ def test_registered_name_after_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (
         "torch.compile(backend='eagerdecomp') failed in a fresh interpreter. The name is registered by the "
-        "torch_dynamo_backends entry point in pyproject.toml (eagerdecomp = \"eagerdecomp.dynamo.backend:dynamo_backend\"); "
+        "torch_dynamo_backends entry point in pyproject.toml "
+        '(eagerdecomp = "eagerdecomp.dynamo.backend:dynamo_backend"); '
         "if it is declared, reinstall the package (make install). stderr:\n" + proc.stderr[-3000:]
     )
 
@@ -481,7 +482,9 @@ def test_training_on_the_reference_device_with_the_switch():
         xs, ys = [torch.randn(6, 8)], [torch.randint(0, 4, (6,))]
         backend = compile_backend(switch.runtime.opset)
         with refdev.op_log() as ran:
-            losses = train_steps(model, [x.to(dev) for x in xs], [y.to(dev) for y in ys], torch.compile(model, backend=backend))
+            losses = train_steps(
+                model, [x.to(dev) for x in xs], [y.to(dev) for y in ys], torch.compile(model, backend=backend)
+            )
         report = switch.report()
     finally:
         device_switch.disable(dev)

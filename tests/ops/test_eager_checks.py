@@ -58,37 +58,61 @@ REFUSED = {  # case: (fn, tensors..., eager's error type); the meta kernel or ea
     "replication pad of an empty dim": (lambda a: torch.nn.ReplicationPad1d(3)(a), torch.randn(2, 0, 5), RuntimeError),
     "nll_loss with a weight of another size": (
         lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w),
-        torch.randn(10, 3), torch.randint(0, 3, (10,)), torch.randn(4), RuntimeError,
+        torch.randn(10, 3),
+        torch.randint(0, 3, (10,)),
+        torch.randn(4),
+        RuntimeError,
     ),
-    "index_fill with a complex value": (lambda a, i: a.index_fill(0, i, 1 + 1j), torch.randn(3), torch.tensor([0]), RuntimeError),
-    "masked_select with an integer mask": (lambda a, m: a.masked_select(m), torch.randn(3), torch.ones(3, dtype=torch.int64), RuntimeError),
+    "index_fill with a complex value": (
+        lambda a, i: a.index_fill(0, i, 1 + 1j),
+        torch.randn(3),
+        torch.tensor([0]),
+        RuntimeError,
+    ),
+    "masked_select with an integer mask": (
+        lambda a, m: a.masked_select(m),
+        torch.randn(3),
+        torch.ones(3, dtype=torch.int64),
+        RuntimeError,
+    ),
     "logcumsumexp into an out of another dtype": (
-        lambda a, o: torch.logcumsumexp(a, 0, out=o), torch.randn(3), torch.empty(3, dtype=torch.float64), RuntimeError,
+        lambda a, o: torch.logcumsumexp(a, 0, out=o),
+        torch.randn(3),
+        torch.empty(3, dtype=torch.float64),
+        RuntimeError,
     ),
     "nearest upsampling of int32": (
-        lambda a: torch.nn.functional.interpolate(a, scale_factor=2.0), torch.ones(1, 1, 4, 4, dtype=torch.int32),
+        lambda a: torch.nn.functional.interpolate(a, scale_factor=2.0),
+        torch.ones(1, 1, 4, 4, dtype=torch.int32),
         NotImplementedError,
     ),
     "bilinear upsampling of int64": (
         lambda a: torch.nn.functional.interpolate(a, scale_factor=2.0, mode="bilinear"),
-        torch.ones(1, 1, 4, 4, dtype=torch.int64), NotImplementedError,
+        torch.ones(1, 1, 4, 4, dtype=torch.int64),
+        NotImplementedError,
     ),
     "backward of elu_ with a negative alpha": (_elu_backward_of_in_place, torch.tensor([-1.0, 1.0]), RuntimeError),
     # a decomposition that declines these would say "no path": eager's error is the one to give
     "multilabel margin loss of an empty vector": (
-        lambda x, y: torch.nn.functional.multilabel_margin_loss(x, y), torch.randn(0), torch.ones(10, dtype=torch.long),
+        lambda x, y: torch.nn.functional.multilabel_margin_loss(x, y),
+        torch.randn(0),
+        torch.ones(10, dtype=torch.long),
         RuntimeError,
     ),
     "grid_sampler_3d with another batch size": (
         lambda x, g: torch.nn.functional.grid_sample(x, g, align_corners=False),
-        torch.randn(5, 5, 5, 5, 5), torch.randn(1, 1, 1, 4, 3), RuntimeError,
+        torch.randn(5, 5, 5, 5, 5),
+        torch.randn(1, 1, 1, 4, 3),
+        RuntimeError,
     ),
     "backward of leaky_relu_ with a negative slope": (
-        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.leaky_relu_(t, -2.0)), torch.tensor([-1.0, 1.0]),
+        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.leaky_relu_(t, -2.0)),
+        torch.tensor([-1.0, 1.0]),
         RuntimeError,
     ),
     "backward of rrelu_ out of training with a negative mean slope": (
-        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.rrelu_(t, -5.0, 1.0)), torch.tensor([-1.0, 1.0]),
+        lambda a: _backward_of_in_place(a, lambda t: torch.nn.functional.rrelu_(t, -5.0, 1.0)),
+        torch.tensor([-1.0, 1.0]),
         RuntimeError,
     ),
 }
@@ -114,14 +138,22 @@ def test_uint8_resizing_is_bitwise_eager(mode, antialias, switched_device):
     # eager's uint8 kernel resizes in fixed point (PIL's); floats rounded at the end miss by
     # one level here and there. Channels 3 take the kernel's vectorized path, 5 its generic one
     g = torch.Generator().manual_seed(0)
-    for channels, size, align_corners, layout in ((3, (6, 6), False, torch.contiguous_format), (5, (17, 29), False, torch.channels_last),
-                                                  (1, (30, 11), True, torch.contiguous_format), (3, (9, 40), False, torch.channels_last)):
+    for channels, size, align_corners, layout in (
+        (3, (6, 6), False, torch.contiguous_format),
+        (5, (17, 29), False, torch.channels_last),
+        (1, (30, 11), True, torch.contiguous_format),
+        (3, (9, 40), False, torch.channels_last),
+    ):
         if antialias and align_corners:
             continue
-        x = torch.randint(0, 256, (2, channels, 13, 21), dtype=torch.uint8, generator=g).contiguous(memory_format=layout)
+        x = torch.randint(0, 256, (2, channels, 13, 21), dtype=torch.uint8, generator=g).contiguous(
+            memory_format=layout
+        )
 
         def fn(t):
-            return torch.nn.functional.interpolate(t, size=size, mode=mode, antialias=antialias, align_corners=align_corners)
+            return torch.nn.functional.interpolate(
+                t, size=size, mode=mode, antialias=antialias, align_corners=align_corners
+            )
 
         native, under_mode, dev = _run_everywhere(fn, x, device=switched_device)
         assert _same(under_mode, native) and _same(dev, native), (channels, size, align_corners)
@@ -225,7 +257,11 @@ def test_other_in_place_ops_still_refuse_an_expanded_tensor(switched_device):
 def test_margin_losses_of_an_empty_batch_have_an_empty_gradient(loss, reduction, switched_device):
     # NOTE: eager's CPU kernels leave a mean or sum over no samples uninitialized (its value is
     # whatever memory held); the gradient is defined: empty
-    mod = torch.nn.MultiMarginLoss(reduction=reduction) if loss == "multi_margin" else torch.nn.MultiLabelMarginLoss(reduction=reduction)
+    mod = (
+        torch.nn.MultiMarginLoss(reduction=reduction)
+        if loss == "multi_margin"
+        else torch.nn.MultiLabelMarginLoss(reduction=reduction)
+    )
     target = torch.ones(0, dtype=torch.long) if loss == "multi_margin" else torch.ones(0, 10, dtype=torch.long)
     for device in ("mode", switched_device):
         x = torch.randn(0, 10, device="cpu" if device == "mode" else device, requires_grad=True)

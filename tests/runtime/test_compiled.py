@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import eagerdecomp as ed
 import eagerdecomp.runtime.compiler as compiled
-from eagerdecomp.runtime import hits as native
 from eagerdecomp.errors import BackendError, UnsupportedArgumentError
+from eagerdecomp.runtime import hits as native
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten
@@ -81,11 +81,14 @@ def test_a_key_seen_less_often_than_the_policy_never_compiles():
     assert c.graphs == []
 
 
-@pytest.mark.parametrize("fn, reason", [
-    (lambda x: torch.nn.functional.silu(x), "replay is as fast at this size"),  # 2 ops on 64 elements
-    (lambda x: x.t(), "one op: nothing to fuse"),
-    (lambda x: torch.nn.functional.dropout(x, 0.5, training=True), "draws random numbers"),
-])
+@pytest.mark.parametrize(
+    "fn, reason",
+    [
+        (lambda x: torch.nn.functional.silu(x), "replay is as fast at this size"),  # 2 ops on 64 elements
+        (lambda x: x.t(), "one op: nothing to fuse"),
+        (lambda x: torch.nn.functional.dropout(x, 0.5, training=True), "draws random numbers"),
+    ],
+)
 def test_kernels_that_cannot_gain_or_cannot_be_exact_stay_on_replay(fn, reason):
     c = Counting()
     x = torch.randn(8, 8)
@@ -559,13 +562,13 @@ def test_a_fused_write_overlapping_another_input_raises_eagers_error():
     mode = ed.EagerDecompMode("core_aten", compile="inductor")
     with mode:
         for _ in range(compiled.AFTER + 2):
-            torch.randn(n + 2)[1:n + 1].add_(torch.randn(n + 2)[2:n + 2])
+            torch.randn(n + 2)[1 : n + 1].add_(torch.randn(n + 2)[2 : n + 2])
     assert _fused_entries()
     base = torch.randn(n + 2)
     with pytest.raises(RuntimeError) as native:
-        base[1:n + 1].add_(base[2:n + 2])
+        base[1 : n + 1].add_(base[2 : n + 2])
     with mode, pytest.raises(RuntimeError) as ours:
-        base[1:n + 1].add_(base[2:n + 2])
+        base[1 : n + 1].add_(base[2 : n + 2])
     assert str(native.value).split(".")[0] in str(ours.value)
 
 

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
+from eagerdecomp.decompositions import registry
 from eagerdecomp.runtime import disk
 from eagerdecomp.runtime import hits as native
-from eagerdecomp.decompositions import registry
 
 aten = torch.ops.aten
 
@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(
             total += float(sum(t.sum() for t in torch.split(x, 2, 0)))
             total += float(torch.nn.functional.cross_entropy(x, torch.zeros(n, dtype=torch.long)))
     rows = mode.report().rows
-    print(sum(r.traces for r in rows), sum(r.loaded for r in rows), sum(r.family for r in rows), ed.cache_info().preloaded)
+    traces, loaded, family = (sum(getattr(r, k) for r in rows) for k in ("traces", "loaded", "family"))
+    print(traces, loaded, family, ed.cache_info().preloaded)
     print(repr(total))
     """
 )
@@ -196,7 +197,9 @@ WRITER = textwrap.dedent(
 
 def test_concurrent_writers_leave_a_valid_cache(tmp_path):
     env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(tmp_path), EAGERDECOMP_DISK_CACHE="1")
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER], env=env, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER], env=env, stderr=subprocess.PIPE, text=True) for _ in range(3)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]

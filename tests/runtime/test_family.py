@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.runtime.cache import KernelCache
-from eagerdecomp.runtime.family import MAX_MEMBERS
-from eagerdecomp.runtime.core import Runtime
 from eagerdecomp.decompositions.table import default_table
+from eagerdecomp.runtime.cache import KernelCache
+from eagerdecomp.runtime.core import Runtime
+from eagerdecomp.runtime.family import MAX_MEMBERS
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten
@@ -37,7 +37,9 @@ CASES = {
     "mse": lambda x: F.mse_loss(x, x * 0.5),
     "chunk": lambda x: torch.chunk(x, 2, 1),
     "transposed_in": lambda x: F.silu(x.t()),
-    "channels_last": lambda x: F.hardswish(x.reshape(1, 1, x.shape[0], 6).contiguous(memory_format=torch.channels_last)),
+    "channels_last": lambda x: F.hardswish(
+        x.reshape(1, 1, x.shape[0], 6).contiguous(memory_format=torch.channels_last)
+    ),
 }
 LENGTHS = [5, 7, 2, 9, 12, 16, 3, 33]
 
@@ -118,7 +120,7 @@ def test_expanded_input_of_a_mutating_op_keeps_exact_kernels_with_a_reason(fresh
         for n in (4, 5):
             y = torch.randn(n, 8)
             outs.append((y.clone(), aten.addcmul_.default(y, torch.randn(1, 8).expand(n, 8), y, value=0.5), y))
-    for before, out, y in outs:
+    for _before, out, y in outs:
         assert out is y
     row = mode.report().row(aten.addcmul_.default)
     assert row.traces == 2 and row.family == 0
@@ -282,8 +284,16 @@ def test_size_arguments_are_symbols_too(fresh):
         outs = []
         for n in (5, 7, 12, 3):
             x = torch.randn(n, 6)
-            outs.append((n, x, aten._unsafe_view.default(x, [n * 2, 3]), torch.zeros(n, 4), torch.arange(n),
-                         aten._unsafe_view.default(x, [-1, 2])))
+            outs.append(
+                (
+                    n,
+                    x,
+                    aten._unsafe_view.default(x, [n * 2, 3]),
+                    torch.zeros(n, 4),
+                    torch.arange(n),
+                    aten._unsafe_view.default(x, [-1, 2]),
+                )
+            )
     for n, x, v, z, a, w in outs:
         torch.testing.assert_close(v, x.reshape(n * 2, 3))
         assert z.shape == (n, 4) and z.dtype == torch.float32 and not z.any()

@@ -222,15 +222,19 @@ def _parity_corpus():
         "parameter": torch.nn.Parameter(torch.ones(2, 2)),
         "requires_grad leaf": torch.ones(3, requires_grad=True),
     }
-    calls = [(f"tensor {k}", aten.add.Tensor, (t, t.clone() if t.device.type != "meta" else t), {})
-             for k, t in tensors.items()]
+    calls = [
+        (f"tensor {k}", aten.add.Tensor, (t, t.clone() if t.device.type != "meta" else t), {})
+        for k, t in tensors.items()
+    ]
     floats = [0.5, -3.25, 0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), 1e-300, 5e-324, 1e300]
     calls += [(f"float {v!r}", aten.add.Tensor, (x, v), {}) for v in floats]
     calls += [(f"float kwarg {v!r}", aten.addcmul.default, (x, x, y), {"value": v}) for v in floats]
     ints = [0, 1, -1, 7, 2**62, -(2**63), 2**70, True, False]
     calls += [(f"int {v!r}", aten.add.Tensor, (x, y), {"alpha": v}) for v in ints]
-    calls += [(f"complex {v!r}", aten.mul.Scalar, (z, v), {})
-              for v in (1 + 2j, complex(0.0, -0.0), complex(float("nan"), 1.0), complex(float("inf"), 0))]
+    calls += [
+        (f"complex {v!r}", aten.mul.Scalar, (z, v), {})
+        for v in (1 + 2j, complex(0.0, -0.0), complex(float("nan"), 1.0), complex(float("inf"), 0))
+    ]
     calls += [
         ("tensor list", aten.cat.default, ([x, y, x.t().contiguous()], 1), {}),
         ("nested lists", aten.index.Tensor, (x, [None, torch.tensor([0, 2])]), {}),
@@ -242,8 +246,12 @@ def _parity_corpus():
         ("same object via list", aten.cat.default, ([x, y, y, x],), {}),
         ("many tensors, repeats", aten.cat.default, ([x, y] * 20 + [base[:12].view(3, 4)],), {}),
         ("many distinct tensors", aten.cat.default, ([torch.ones(1) for _ in range(40)],), {}),
-        ("plain kwargs", aten.empty_strided.default, ((2, 3), (3, 1)),
-         {"dtype": torch.float16, "layout": torch.strided, "device": torch.device("cpu"), "pin_memory": False}),
+        (
+            "plain kwargs",
+            aten.empty_strided.default,
+            ((2, 3), (3, 1)),
+            {"dtype": torch.float16, "layout": torch.strided, "device": torch.device("cpu"), "pin_memory": False},
+        ),
         ("to device", aten.to.device, (x, torch.device("meta"), torch.float64), {}),
         ("memory format", aten.clone.default, (nchw,), {"memory_format": torch.channels_last}),
         ("None and str", aten.div.Tensor_mode, (x, y), {"rounding_mode": "floor"}),

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.runtime import key as keys
 from eagerdecomp.demo import SmallCNN, train_step
+from eagerdecomp.runtime import key as keys
 from eagerdecomp.runtime.lift import Each, lift_positions, split, stand_ins, with_values
 
 aten = torch.ops.aten
@@ -24,7 +24,11 @@ def _base():
 
 def _others():
     g = torch.Generator().manual_seed(1)
-    a = [torch.randn(3, generator=g), torch.randn(4, 3, dtype=torch.float64, generator=g), torch.randn(2, 2, generator=g)]
+    a = [
+        torch.randn(3, generator=g),
+        torch.randn(4, 3, dtype=torch.float64, generator=g),
+        torch.randn(2, 2, generator=g),
+    ]
     return a, [t.abs() + 0.5 for t in a]
 
 
@@ -84,7 +88,9 @@ def _assert_same(got, want, exact=True):
         for g, w in zip(got, want):
             _assert_same(g, w, exact)
         return
-    assert got is None and want is None or (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    assert (
+        got is None and want is None or (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    )
     if want is not None:
         tol = {"rtol": 0, "atol": 0} if exact else {}
         torch.testing.assert_close(got, want, equal_nan=True, **tol)
@@ -168,8 +174,15 @@ def test_a_second_call_with_other_values_replays_without_a_trace():
 def test_special_values_in_a_list_keep_kernels_of_their_own():
     ed.cache_clear()
     # each list has a special value somewhere else, or a different one: each is its own key
-    values = ([1.0, 0.3, 0.3], [2.0, 0.3, 0.3], [0.3, 0.0, 0.3], [0.3, -0.5, 0.3], [0.3, 0.3, float("inf")],
-              [0.3, float("nan"), 0.3], [0.3, 0.3, -float("inf")])
+    values = (
+        [1.0, 0.3, 0.3],
+        [2.0, 0.3, 0.3],
+        [0.3, 0.0, 0.3],
+        [0.3, -0.5, 0.3],
+        [0.3, 0.3, float("inf")],
+        [0.3, float("nan"), 0.3],
+        [0.3, 0.3, -float("inf")],
+    )
     _, fn = _calls()["div.ScalarList"]
     want_x, want = _run(fn, values)
     mode = ed.EagerDecompMode("core_aten")
@@ -253,7 +266,9 @@ def _adamw_run(params, grads, mode=None, steps_seen=None):
             if steps_seen is not None:
                 steps_seen.append(_misses(mode))
         sched.step()
-        history.append([p.detach().clone() for p in params] + [s[k].clone() for s in opt.state.values() for k in sorted(s)])
+        history.append(
+            [p.detach().clone() for p in params] + [s[k].clone() for s in opt.state.values() for k in sorted(s)]
+        )
     return history
 
 

@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
-from eagerdecomp.runtime import hits as native
 from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.runtime import hits as native
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="C++ library not built (pure-Python path)")
 aten = torch.ops.aten
@@ -49,7 +49,12 @@ CASES = [
     ("unbind", lambda x: x.unbind(0)),
     ("roll (shape-generic sizes)", lambda x: torch.roll(x, 1, 0)),
     ("var_mean (tuple)", lambda x: torch.var_mean(x, 0)),
-    ("nll_loss (namedtuple)", lambda x: aten.nll_loss_forward.default(x.log_softmax(-1), torch.zeros(x.shape[0], dtype=torch.long), None, 1, -100)),
+    (
+        "nll_loss (namedtuple)",
+        lambda x: aten.nll_loss_forward.default(
+            x.log_softmax(-1), torch.zeros(x.shape[0], dtype=torch.long), None, 1, -100
+        ),
+    ),
     ("t (view)", lambda x: x.t()),
     ("detach (view)", lambda x: x.detach()),
     ("new_zeros (dtype kwarg)", lambda x: x.new_zeros(3, 2, dtype=torch.float64)),
@@ -212,6 +217,7 @@ def test_kernels_that_re_raise_warnings_stay_in_python():
 
 
 # -- the device switch ------------------------------------------------------------------------
+
 
 @pytest.fixture
 def edref():

@@ -19,6 +19,12 @@ SLICE = ["tests/test_mode.py", "tests/runtime/test_cache.py", "tests/runtime/tes
 def test_runtime_tests_pass_on_the_pure_python_path():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     env = {**os.environ, "EAGERDECOMP_NO_EXT": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SLICE], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SLICE],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import eagerdecomp as ed
 from eagerdecomp import device as device_switch
-from eagerdecomp.runtime import routes
 from eagerdecomp.dynamo.backend import compile_backend
 from eagerdecomp.errors import BackendError
+from eagerdecomp.runtime import routes
 from eagerdecomp.testing import RecordingMode
 
 try:

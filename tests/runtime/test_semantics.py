@@ -270,7 +270,9 @@ DATA_DEPENDENT = {
     "item": lambda x: x.sum().item(),
     "unique": lambda x: torch.unique(x.round(), return_inverse=True, return_counts=True),
     "unique with NaN": lambda x: torch.unique(torch.where(x > 1, float("nan"), x.round())),
-    "unique_consecutive": lambda x: torch.unique_consecutive(x.round().flatten(), return_inverse=True, return_counts=True),
+    "unique_consecutive": lambda x: torch.unique_consecutive(
+        x.round().flatten(), return_inverse=True, return_counts=True
+    ),
     "median with NaN": lambda x: torch.median(torch.where(x > 1, float("nan"), x)),
     "nanmedian": lambda x: torch.nanmedian(torch.where(x > 0, float("nan"), x)),
     "median int": lambda x: torch.median((x * 10).long()),
@@ -398,7 +400,9 @@ def test_max_unpool2d_keeps_channels_last():
         assert g.stride() == want.stride() and torch.equal(g, want)
 
 
-@pytest.mark.parametrize("make_out", [lambda: torch.empty(0, dtype=torch.long), lambda: torch.empty(4, 2, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "make_out", [lambda: torch.empty(0, dtype=torch.long), lambda: torch.empty(4, 2, dtype=torch.long)]
+)
 def test_nonzero_out_strides_as_eager(make_out):
     x = torch.tensor([[1.0, 0, 1], [0, 1, 1]])
     want, got = make_out(), make_out()

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
+from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.runtime.cache import KernelCache
 from eagerdecomp.runtime.core import Runtime
-from eagerdecomp.decompositions.table import default_table
 
 aten = torch.ops.aten
 try:  # before any backward pass: the autograd engine learns devices at its first one
@@ -58,7 +58,9 @@ def _inputs(seed: int):
 def _work(seed: int, data, device="cpu") -> list:
     """The per-thread workload: every result it produces, in order."""
     params, steps = data
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
     with torch.no_grad():
         for p, v in zip(model.parameters(), params):
             p.copy_(v)
@@ -67,7 +69,14 @@ def _work(seed: int, data, device="cpu") -> list:
     out = []
     for a, b, x, y in steps:
         a, b, x, y = a.to(device), b.to(device), x.to(device), y.to(device)
-        out += [F.silu(a), F.hardswish(b), torch.logaddexp(a, b), torch.lerp(a, b, 0.3), F.elu(a), F.softplus(a, beta=2.0)]
+        out += [
+            F.silu(a),
+            F.hardswish(b),
+            torch.logaddexp(a, b),
+            torch.lerp(a, b, 0.3),
+            F.elu(a),
+            F.softplus(a, beta=2.0),
+        ]
         out += [a.logsumexp(-1), torch.var_mean(a, 0)[0], a.norm(dim=1), a.std(), F.log_softmax(a, -1), a.cumsum(0)]
         out += [a.t().contiguous(), *a.unbind(0), *a.split(2, 1), a.narrow(0, 1, 2), a.diagonal(), a[1:].flip(0)]
         c = a.clone()
@@ -94,7 +103,11 @@ def _random_work(seed: int) -> list:
     out = []
     for i in range(ITERS):
         t = torch.empty(3 + i, 4)
-        out += [t.normal_(0.5, 2.0, generator=g).clone(), t.uniform_(-1, 3, generator=g).clone(), torch.rand(5, generator=g)]
+        out += [
+            t.normal_(0.5, 2.0, generator=g).clone(),
+            t.uniform_(-1, 3, generator=g).clone(),
+            torch.rand(5, generator=g),
+        ]
     return [(t.stride(), t) for t in out]
 
 
@@ -141,7 +154,7 @@ def _state_intact(before) -> None:
     assert (show, impl) == before[1:]
     assert not __import__("logging").getLogger("torch._subclasses.fake_tensor").disabled
     with pytest.warns(UserWarning, match="still heard"):
-        warnings.warn("still heard")
+        warnings.warn("still heard", stacklevel=2)
 
 
 @pytest.mark.parametrize("run", range(RUNS))
@@ -265,7 +278,9 @@ def test_dataloader_fork_workers_decompose():
 
     with ed.EagerDecompMode("core_aten"):
         F.mish(torch.arange(3, dtype=torch.float32))  # warm one key before forking
-    loader = torch.utils.data.DataLoader(Squares(), batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+    loader = torch.utils.data.DataLoader(
+        Squares(), batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120
+    )
     got = list(loader)
     for i, y in enumerate(got):
         torch.testing.assert_close(y, F.mish(torch.arange(i + 1, dtype=torch.float32)))
