@@ -167,7 +167,7 @@ def main() -> None:
         done = [r for r in rows if r[1] is not None]
         print(
             f"worst hit - core: {max(r[3] for r in done):+.2f} us ({max(done, key=lambda r: r[3])[0]}); "
-            f"C++ hit path: {'on' if device_switch.enabled(dev).runtime.native is not None else 'off (pure Python)'}"
+            f"C++ hit path: {'on' if device_switch.enabled(dev).runtime.hits is not None else 'off (pure Python)'}"
         )
     finally:
         device_switch.disable(dev)

@@ -146,7 +146,7 @@ def bench_op(op, args, kwargs, rounds, compile=None):
             fn(*tensors)
 
     py_mode = ed.EagerDecompMode("core_aten")
-    py_mode.runtime.native = py_mode.runtime.stats.native = None  # the pure-Python hit path
+    py_mode.runtime.hits = py_mode.runtime.stats.hits = None  # the pure-Python hit path
 
     def python(n):
         with py_mode:

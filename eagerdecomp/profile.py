@@ -7,7 +7,7 @@ Every call that reaches the mode is timed and put under one route:
 ``replay``       a cache hit: a traced kernel replayed;
 ``tracing``      a cache miss: the decomposition traced into a kernel (plus its first run);
 ``eager``        a bypass (a remembered one too): decomposed on the real tensors, call after call;
-``native``       no path to the opset, run natively (``on_unsupported="fallthrough"``);
+``fallthrough``  no path to the opset: the op's own kernel ran (``on_unsupported="fallthrough"``);
 
 and the routes of ops outside ATen compute (``communication``, ``custom op``,
 ``custom kernel``). The route is the one the runtime recorded for the call.
@@ -46,7 +46,7 @@ _NAMES = {
     Route.REPLAY: "replay",
     Route.TRACE: "tracing",
     Route.EAGER: "eager",
-    Route.NATIVE: "native",
+    Route.FALLTHROUGH: "fallthrough",
     Route.UNSUPPORTED: "unsupported",
     Route.COMPOSITE: "composite",
     Route.COMMUNICATION: "communication",
@@ -77,7 +77,7 @@ class _TimedMode(EagerDecompMode):
         self._passed = {}  # every call goes to the runtime, whose pass-through route records it
         # NOTE: every call is filed under the route Python records for it, so hits are served by
         # the Python hit path here (a C++ hit records nothing per call); a profile times that path
-        self.runtime.native = None
+        self.runtime.hits = None
         self.seconds: dict = defaultdict(float)  # (op, route) -> s
         self.counts: Counter = Counter()  # (op, route) -> calls
 

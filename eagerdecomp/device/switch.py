@@ -56,7 +56,7 @@ from torch._C import DispatchKey
 from eagerdecomp.errors import BackendError
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import op_from_name, op_names, returns_tensor
-from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import hits
 from eagerdecomp.runtime.core import Runtime, runtime_for
 from eagerdecomp.runtime.routes import device_refusal
 from eagerdecomp.runtime.stats import Route
@@ -83,7 +83,7 @@ class DeviceSwitch:
     key: str
     runtime: Runtime
     settings: tuple
-    library: object  # the fallback: a torch.library.Library, or the C++ registration (eagerdecomp.native)
+    library: object  # the fallback: a torch.library.Library, or the C++ registration (eagerdecomp.runtime.hits)
     composites: object  # the composite ops taken over (see the module docstring), or None with the C++ one
     device_ops: OpSet  # the device's own kernels, read before enabling
 
@@ -291,15 +291,15 @@ def enable(
         for op, composite_key in taken:
             # with no path to the opset, the runtime runs this composite (Route.COMPOSITE)
             runtime.composites[op] = composite_key
-        if runtime.native is not None:
+        if runtime.hits is not None:
             # NOTE: the C++ fallback serves hits with no Python and no GIL; a miss calls the
-            # same Python kernel, which hands back the key's program (eagerdecomp.native)
+            # same Python kernel, which hands back the key's program (eagerdecomp.runtime.hits)
             from eagerdecomp.runtime.library import load
 
             runtime.serves_device = True
             names = [_impl_name(op) for op, _ in taken]
             library = load().hit.Registration(
-                runtime.native, runtime.native_counts, _miss_handler(runtime, kernel), key, names, native.saver(runtime)
+                runtime.hits, runtime.hit_counts, _miss_handler(runtime, kernel), key, names, hits.saver(runtime)
             )
             composites = None
         else:

@@ -74,7 +74,7 @@ class CacheInfo:
     families: int = 0  # shape families (eagerdecomp.family) with at least one generic kernel
     members: int = 0  # shape-generic kernels, over all families
     family_hits: int = 0  # exact-key misses answered by a shape-generic kernel
-    preloaded: int = 0  # C++ programs installed from disk before a first miss (eagerdecomp.native)
+    preloaded: int = 0  # C++ programs installed from disk before a first miss (eagerdecomp.runtime.hits)
 
 
 class _Flight:
@@ -98,7 +98,7 @@ class KernelCache:
         self.hits = 0
         self.misses = 0
         self.family_hits = 0
-        self.programs_read = False  # eagerdecomp.native.preload: the disk's programs installed
+        self.programs_read = False  # eagerdecomp.runtime.hits.preload: the disk's programs installed
         self.programs_preloaded = 0
         _LIVE.add(self)
 

@@ -16,7 +16,7 @@ that fails warns once per op. Compiled per exact key: the call's own inputs are
 the compiler's example inputs, so nothing shape-generic has to be trusted to a
 compiler that does not check guards; a shape seen fewer than :data:`AFTER`
 times never pays a compile. Once a key is decided, its calls are served from
-C++ (:mod:`eagerdecomp.native`): a compiled key's program calls the compiled
+C++ (:mod:`eagerdecomp.runtime.hits`): a compiled key's program calls the compiled
 code (Inductor's own, directly: :meth:`Compiled.direct`), any other replays.
 
 Example::
@@ -111,7 +111,7 @@ class ByValue:
     """The C++ table's callable for one exact key whose kernel takes non-tensor inputs
     (lifted floats, a shape-generic kernel's ints): the C++ key has the floats' class only,
     and a compiler may bake their values in, so compiled code is looked up by value here.
-    A value with none goes back to Python (``native.MISS``), which counts and compiles it."""
+    A value with none goes back to Python (``hits.MISS``), which counts and compiles it."""
 
     __slots__ = ("n", "ints", "fns", "miss")
 
@@ -471,7 +471,7 @@ class Compiler:
         self._values: dict = {}  # exact key -> distinct values of its non-tensor inputs seen (same)
         self._kernels: dict = {}  # id(kernel) -> (kernel, plan or Declined, fused-writes plan or None)
         self._by_value: dict = {}  # exact key -> its ByValue, for kernels with non-tensor inputs
-        self.native_table = None  # the C++ table of the runtimes with this compiler (eagerdecomp.native)
+        self.hit_table = None  # the C++ table of the runtimes with this compiler (eagerdecomp.runtime.hits)
         self._lock = threading.Lock()
         self._warned: set = set()
 
@@ -615,8 +615,8 @@ class Compiler:
             self._values.clear()
             self._kernels.clear()
             self._by_value.clear()
-        if self.native_table is not None:
-            self.native_table.clear()
+        if self.hit_table is not None:
+            self.hit_table.clear()
 
 
 _COMPILERS: dict = {}  # (id(kernel cache), compiler name, fn) -> Compiler

@@ -22,8 +22,7 @@ from eagerdecomp.errors import EagerDecompError, MismatchError, UnsupportedArgum
 from eagerdecomp.ops.checks import check
 from eagerdecomp.ops.opset import OpSet, resolve_op
 from eagerdecomp.ops.schema import returns_tensor
-from eagerdecomp.runtime import hits as native
-from eagerdecomp.runtime import routes
+from eagerdecomp.runtime import hits, routes
 from eagerdecomp.runtime.cache import Bypassed, ByValue, KernelCache, Unsupported, cache_for
 from eagerdecomp.runtime.compiler import PENDING, compiler_for
 from eagerdecomp.runtime.disk import enabled as disk_enabled
@@ -91,10 +90,10 @@ class Runtime:
         self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
         self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
         self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
-        # the C++ hit path (eagerdecomp.native): None on the pure-Python path; under compile=
+        # the C++ hit path (eagerdecomp.runtime.hits): None on the pure-Python path; under compile=
         # the compiler's own table, whose programs may run compiled code
-        self.native, self.native_counts = native.table_for(self)
-        self.stats.native = self.native_counts
+        self.hits, self.hit_counts = hits.table_for(self)
+        self.stats.hits = self.hit_counts
         self.stats.kernels_of = cache.kernels_of  # what a kernel served only in C++ runs, for the report
         self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
 
@@ -129,9 +128,9 @@ class Runtime:
             # NOTE: a Python value (bool, int...) that a kernel would bake in, right only when all
             # it reads is in the key; storage sizes and identities (is_set_to) are not
             return lambda f, a, k: self.bypass(f, a, k, "non-tensor output")
-        if self.native is None or self.serves_device:  # (the device's C++ fallback asked already)
+        if self.hits is None or self.serves_device:  # (the device's C++ fallback asked already)
             return self._decompose
-        call, counts, miss, slow = self.native.call, self.native_counts, native.MISS, self._decompose
+        call, counts, miss, slow = self.hits.call, self.hit_counts, hits.MISS, self._decompose
 
         def decompose(func, args, kwargs):  # the C++ hit path first: one call, then Python on a miss
             out = call(counts, func, args, kwargs)
@@ -146,21 +145,21 @@ class Runtime:
 
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
-        if self.native is not None and not self.serves_device:
-            out = self.native.call(self.native_counts, func, args, kwargs)  # a hit: keyed, found, replayed in C++
-            if out is not native.MISS:
+        if self.hits is not None and not self.serves_device:
+            out = self.hits.call(self.hit_counts, func, args, kwargs)  # a hit: keyed, found, replayed in C++
+            if out is not hits.MISS:
                 return out
         return self._decompose(func, args, kwargs)
 
     @below_forward_ad
     def _decompose(self, func, args, kwargs):
         """The Python path: key, look up (trace on a miss), replay; then install the program."""
-        table = self.native
+        table = self.hits
         if table is not None and self.compiler is None and not self.cache.programs_read and self._store() is not None:
             # the first miss over this cache: install the programs earlier processes wrote
-            if native.preload(self) and not self.serves_device:
-                out = table.call(self.native_counts, func, args, kwargs)
-                if out is not native.MISS:
+            if hits.preload(self) and not self.serves_device:
+                out = table.call(self.hit_counts, func, args, kwargs)
+                if out is not hits.MISS:
                     return out
         lift = self._lift.get(func)
         if lift is None:
@@ -227,7 +226,7 @@ class Runtime:
             call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
             if call is PENDING:
                 return
-        native.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
+        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
 
     def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
@@ -243,7 +242,7 @@ class Runtime:
             store = self._store()
             if store is not None:  # checked here, so a later process loads it by key, unchecked
                 store.save_kernel(key, kernel)
-            if self.native is not None:
+            if self.hits is not None:
                 self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
@@ -420,7 +419,7 @@ class Runtime:
             raise (error.with_hint(self.hint) if self.hint else error) from None
         if self.on_unsupported == "warn":
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
-        self.stats.record(func, Route.NATIVE, error.reason, cache)
+        self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
 
 

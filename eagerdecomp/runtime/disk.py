@@ -10,7 +10,7 @@ function's behaviour cannot be fingerprinted honestly (closures, globals).
 
 What: exact-key kernels (:class:`~eagerdecomp.replay.Kernel`), shape families (every
 member: graph, guard, output metadata), and the C++ hit path's programs
-(:mod:`eagerdecomp.native`) under the key words of the C++ library that made them, which
+(:mod:`eagerdecomp.runtime.hits`) under the key words of the C++ library that made them, which
 the next process installs before its first miss, so a warm process starts on C++ hits.
 An entry holds the text of its key, which is compared on load, so a hash collision or
 a stale layout reads as a miss.
@@ -358,7 +358,7 @@ class Store:
     def save_members(self, fkey, members) -> None:
         self._write(repr(fkey.parts), "family", lambda: [_member_data(m) for m in members])
 
-    # -- the C++ hit path's programs (eagerdecomp.native) -------------------------------------
+    # -- the C++ hit path's programs (eagerdecomp.runtime.hits) -------------------------------------
     # NOTE: a program is filed under the C++ table's own key words, whose layout is the C++
     # library's: each build has its folder (``lib`` names it), never read by another build.
     # A program is written as it is made, a file of its own; at exit a process packs its

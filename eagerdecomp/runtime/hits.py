@@ -73,9 +73,9 @@ def table_for(runtime) -> tuple:
         if not _init:
             lib.hit._init(MISS, PARTIAL)
             _init.append(True)
-        table = getattr(owner, "native_table", None)
+        table = getattr(owner, "hit_table", None)
         if table is None:
-            table = owner.native_table = lib.hit.Table(MAXSIZE)
+            table = owner.hit_table = lib.hit.Table(MAXSIZE)
         _tables.add(runtime)
     runtime._no_program = {}
     return table, lib.hit.Counts()
@@ -83,12 +83,12 @@ def table_for(runtime) -> tuple:
 
 def _runtimes(cache) -> list:
     with _lock:
-        return [rt for rt in _tables if rt.cache is cache and rt.native is not None]
+        return [rt for rt in _tables if rt.cache is cache and rt.hits is not None]
 
 
 def clear_for(cache) -> None:
     """Empty the table in front of ``cache`` (when it is cleared) and its hit total."""
-    table = getattr(cache, "native_table", None)
+    table = getattr(cache, "hit_table", None)
     if table is not None:
         table.clear()
     cache.programs_read, cache.programs_preloaded = False, 0  # the next miss reads the disk's again
@@ -98,7 +98,7 @@ def clear_for(cache) -> None:
 
 def hits_for(cache) -> int:
     """Hits the table in front of ``cache`` served since it was last cleared."""
-    table = getattr(cache, "native_table", None)
+    table = getattr(cache, "hit_table", None)
     return table.total() if table is not None else 0
 
 
@@ -138,7 +138,7 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         if runtime.serves_device:
             runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
             return
-        words = runtime.native.install(func, args, kwargs, *program[1:6], call)
+        words = runtime.hits.install(func, args, kwargs, *program[1:6], call)
         if words is not None:
             store = runtime._store() if call is None else None
             if store is not None:
@@ -185,7 +185,7 @@ def saver(runtime):
 def preload(runtime) -> int:
     """Install the programs earlier processes wrote for this runtime's cache (once per cache,
     before its first Python miss); returns how many. Off with the disk cache."""
-    cache, store, table = runtime.cache, runtime._store(), runtime.native
+    cache, store, table = runtime.cache, runtime._store(), runtime.hits
     if store is None or table is None or runtime.compiler is not None:
         return 0  # (under compile=, keys go through Python until the compiler has decided)
     with _lock:

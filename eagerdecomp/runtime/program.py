@@ -18,13 +18,14 @@ Example::
 
     >>> import torch
     >>> import eagerdecomp as ed
+    >>> from eagerdecomp.runtime import hits
     >>> mode = ed.EagerDecompMode("core_aten")
     >>> x = torch.randn(8)
     >>> with mode:
     ...     for _ in range(3):
     ...         y = torch.nn.functional.silu(x)   # traced, then served by its program
     >>> row = mode.report().row(torch.ops.aten.silu.default)
-    >>> row.native if ed.native.enabled() else 2   # C++ hits (0 on the pure-Python path)
+    >>> row.cpp_hits if hits.enabled() else 2   # C++ hits (0 on the pure-Python path)
     2
 """
 

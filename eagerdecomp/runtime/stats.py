@@ -26,8 +26,8 @@ LIFTED = "floats lifted"  # the reason of a replay whose float arguments were ke
 FAMILY = "shape family"  # the reason of a replay of a shape-generic kernel for a new exact key
 DISK = "loaded from disk"  # the reason of a replay of a kernel the persistent cache held (eagerdecomp.disk)
 COMPILED = "compiled"  # the reason of a hit answered by a compiled kernel (eagerdecomp.compiled)
-NATIVE = "C++"  # the reason of a hit served by the C++ hit path (eagerdecomp.native)
-NATIVE_LIFTED = "C++, floats lifted"  # the same, for a kernel with lifted float inputs
+CPP_HIT = "C++"  # the reason of a hit served by the C++ hit path (eagerdecomp.runtime.hits)
+CPP_HIT_LIFTED = "C++, floats lifted"  # the same, for a kernel with lifted float inputs
 
 
 class Route(str, enum.Enum):
@@ -38,7 +38,7 @@ class Route(str, enum.Enum):
     TRACE = "trace"  # traced into a kernel, then run (cache miss)
     EAGER = "eager"  # decomposed on the real tensors: no replayable kernel (reason says why)
     UNSUPPORTED = "unsupported"  # no path to the opset: raised
-    NATIVE = "native"  # no path to the opset: run natively (on_unsupported="fallthrough"/"warn")
+    FALLTHROUGH = "fallthrough"  # no path to the opset: the op's own kernel ran (on_unsupported=)
     COMPOSITE = "composite"  # device switch: no path, so PyTorch's composite kernel ran
     COMMUNICATION = "communication"  # a collective: passed through to the process group
     CUSTOM_OP = "custom op"  # a custom op whose Python implementation ran under eagerdecomp
@@ -67,7 +67,7 @@ class Stats:
         self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
         self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
         self.python_only: dict = {}  # op -> reasons some of its keys have no C++ program
-        self.native = None  # the runtime's C++ hit counts (eagerdecomp.native)
+        self.hits = None  # the runtime's C++ hit counts (eagerdecomp.runtime.hits)
         self.kernels_of = None  # op -> cached kernels: what an op served only in C++ runs
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
@@ -111,9 +111,9 @@ class Stats:
             n = c.__reduce__()[1][0]  # the count's next value: calls so far
             if n:
                 total[op, Route.PASSTHROUGH, None, None] += n
-        if self.native is not None:  # hits served in C++, counted there (exact: atomics)
-            for op, kind, n in self.native.counts():  # kind: 1 floats lifted, 2 compiled (csrc/hit.cpp)
-                total[op, Route.REPLAY, COMPILED if kind & 2 else NATIVE_LIFTED if kind & 1 else NATIVE, "hit"] += n
+        if self.hits is not None:  # hits served in C++, counted there (exact: atomics)
+            for op, kind, n in self.hits.counts():  # kind: 1 floats lifted, 2 compiled (csrc/hit.cpp)
+                total[op, Route.REPLAY, COMPILED if kind & 2 else CPP_HIT_LIFTED if kind & 1 else CPP_HIT, "hit"] += n
         return total
 
     def ops(self, route: Route) -> set:
@@ -164,8 +164,8 @@ class Stats:
                 self._passed[op] = itertools.count()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
             self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
-        if self.native is not None:
-            self.native.clear_counts()
+        if self.hits is not None:
+            self.hits.clear_counts()
 
     def report(self) -> Report:
         rows: dict = {}
@@ -173,7 +173,7 @@ class Stats:
         if self.kernels_of is not None:
             # NOTE: an op another runtime installed is served in C++ from this runtime's first
             # call, so Python never saw its kernel here: read what it runs from the cache
-            for op in {k[0] for k in counts if k[2] in (NATIVE, NATIVE_LIFTED)} - self.leaf_ops.keys():
+            for op in {k[0] for k in counts if k[2] in (CPP_HIT, CPP_HIT_LIFTED)} - self.leaf_ops.keys():
                 for kernel in self.kernels_of(op):
                     self.record_kernel(kernel)
         for (op, route, reason, cache), n in counts.items():
@@ -224,7 +224,7 @@ class OpRow:
     compiled: int = 0  # hits answered by a compiled kernel (compile=)
     compile_s: float = 0.0  # seconds spent compiling this op's kernels
     not_compiled: list = field(default_factory=list)  # why some of its kernels stay on replay (compile=)
-    native: int = 0  # hits served by the C++ hit path (lifted ones included)
+    cpp_hits: int = 0  # hits served by the C++ hit path (lifted ones included)
     python_replay: list = field(default_factory=list)  # why some of its keys have no C++ program
 
     def add(self, route: Route, reason, cache, n: int) -> None:
@@ -236,11 +236,11 @@ class OpRow:
             self.remembered += n
         if route is Route.REPLAY:
             self.hits += n
-            self.lifted = self.lifted or reason == LIFTED or reason == NATIVE_LIFTED
+            self.lifted = self.lifted or reason == LIFTED or reason == CPP_HIT_LIFTED
             self.family += n if reason == FAMILY else 0
             self.loaded += n if reason == DISK else 0
             self.compiled += n if reason == COMPILED else 0
-            self.native += n if reason == NATIVE or reason == NATIVE_LIFTED else 0
+            self.cpp_hits += n if reason == CPP_HIT or reason == CPP_HIT_LIFTED else 0
         elif route is Route.TRACE:
             self.traces += n
         elif route is Route.PASSTHROUGH:
@@ -249,9 +249,9 @@ class OpRow:
             self.composite += n
         elif route in _ROUTED:
             self.routed[route.value] = self.routed.get(route.value, 0) + n
-        else:  # EAGER, UNSUPPORTED, NATIVE: a reason says why
+        else:  # EAGER, UNSUPPORTED, FALLTHROUGH: a reason says why
             self.unsupported += n if route is not Route.EAGER else 0
-            self.fallthrough += n if route is Route.NATIVE else 0
+            self.fallthrough += n if route is Route.FALLTHROUGH else 0
             if reason is not None:
                 into = self.negative if cache else self.bypassed
                 into[reason] = into.get(reason, 0) + n

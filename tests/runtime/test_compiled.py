@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import eagerdecomp as ed
 import eagerdecomp.runtime.compiler as compiled
 from eagerdecomp.errors import BackendError, UnsupportedArgumentError
-from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import hits
 from eagerdecomp.testing import RecordingMode
 
 aten = torch.ops.aten
@@ -173,7 +173,7 @@ def _reference_device():
         pytest.skip(str(e))
 
 
-needs_cpp = pytest.mark.skipif(not native.enabled(), reason="the C++ hit path is not built")
+needs_cpp = pytest.mark.skipif(not hits.enabled(), reason="the C++ hit path is not built")
 
 
 @needs_cpp
@@ -190,8 +190,8 @@ def test_compiled_and_declined_keys_are_served_by_the_cpp_table(monkeypatch):
     assert seen == [] and c.runs == runs + 5  # keyed, found and run from C++, no Python lookup
     torch.testing.assert_close(got, torch.logaddexp(x, y))
     row = mode.report().row(aten.logaddexp.default)
-    assert row.compiled == 5 and row.native == 0  # compiled hits are reported as compiled
-    assert mode.report().row(aten.t.default).native == 5
+    assert row.compiled == 5 and row.cpp_hits == 0  # compiled hits are reported as compiled
+    assert mode.report().row(aten.t.default).cpp_hits == 5
 
 
 @needs_cpp
@@ -228,7 +228,9 @@ def test_floats_that_change_every_call_replay_from_cpp(monkeypatch):
     assert seen == [] and c.graphs == []  # replayed from C++: no Python, nothing compiled
     torch.testing.assert_close(got, torch.lerp(x, y, 0.42))
     row = mode.report().row(aten.lerp.Scalar)
-    assert row.native == 1 and any(f"took over {compiled.VARYING} values, none compiled" in r for r in row.not_compiled)
+    assert row.cpp_hits == 1 and any(
+        f"took over {compiled.VARYING} values, none compiled" in r for r in row.not_compiled
+    )
 
 
 @needs_cpp
@@ -247,7 +249,7 @@ def test_a_key_the_compiler_failed_on_replays_from_cpp():
                 assert x.add_(y) is x
             torch.testing.assert_close(x, want)
     row = mode.report().row(aten.add_.Tensor)
-    assert row.compiled == 0 and row.native == 2 and any("version counter" in r for r in row.not_compiled)
+    assert row.compiled == 0 and row.cpp_hits == 2 and any("version counter" in r for r in row.not_compiled)
     assert sum("stays on replay" in str(m.message) for m in w) == 1
 
 

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 
 import eagerdecomp as ed
 from eagerdecomp.decompositions import registry
-from eagerdecomp.runtime import disk
-from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import disk, hits
 
 aten = torch.ops.aten
 
@@ -83,7 +82,7 @@ def _entries(root):
 @pytest.fixture
 def kernels_only(monkeypatch):
     """No C++ programs from disk: a miss loads the kernel file (the path these tests check)."""
-    monkeypatch.setattr(native, "preload", lambda runtime: 0)
+    monkeypatch.setattr(hits, "preload", lambda runtime: 0)
 
 
 def test_a_second_process_loads_instead_of_tracing(tmp_path):
@@ -91,7 +90,7 @@ def test_a_second_process_loads_instead_of_tracing(tmp_path):
     assert traces1 > 0 and loaded1 == 0 and preloaded1 == 0
     (traces2, loaded2, family2, preloaded2), total2, err = _run(tmp_path)
     assert traces2 == 0
-    if native.enabled():  # the first process's C++ programs are installed before the first miss
+    if hits.enabled():  # the first process's C++ programs are installed before the first miss
         assert preloaded2 > 0
     else:
         assert loaded2 > 0 and preloaded2 == 0
@@ -234,8 +233,8 @@ def test_fork_child_uses_the_store(on_disk, kernels_only):
     assert traces == 0 and loaded >= 1
 
 
-# -- the C++ hit path's programs on disk (eagerdecomp.native.preload) ----------------------------
-needs_native = pytest.mark.skipif(not native.enabled(), reason="the C++ hit path is not built")
+# -- the C++ hit path's programs on disk (eagerdecomp.runtime.hits.preload) ----------------------------
+needs_native = pytest.mark.skipif(not hits.enabled(), reason="the C++ hit path is not built")
 
 
 def _lerp_and_silu(weight):
@@ -261,7 +260,7 @@ def test_programs_are_installed_before_the_first_miss(on_disk):
     assert ed.cache_info().preloaded >= 2
     for op in (aten.silu.default, aten.lerp.Scalar):
         row = again.row(op)
-        assert row.traces == 0 and row.loaded == 0 and row.native == 1, row
+        assert row.traces == 0 and row.loaded == 0 and row.cpp_hits == 1, row
     for a, b in zip(out, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -269,7 +268,7 @@ def test_programs_are_installed_before_the_first_miss(on_disk):
 @needs_native
 def test_programs_of_another_build_are_not_read(on_disk, monkeypatch):
     _lerp_and_silu(0.3)
-    monkeypatch.setattr(native, "_library", lambda: "w0-another-build")
+    monkeypatch.setattr(hits, "_library", lambda: "w0-another-build")
     ed.cache_clear()
     _, again = _lerp_and_silu(0.3)
     assert ed.cache_info().preloaded == 0

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import hits
 
 SLICE = ["tests/test_mode.py", "tests/runtime/test_cache.py", "tests/runtime/test_routes.py"]
 
 
-@pytest.mark.skipif(not native.enabled(), reason="already on the pure-Python path")
+@pytest.mark.skipif(not hits.enabled(), reason="already on the pure-Python path")
 def test_runtime_tests_pass_on_the_pure_python_path():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     env = {**os.environ, "EAGERDECOMP_NO_EXT": "1"}

@@ -1,4 +1,4 @@
-"""The C++ hit path (csrc/hit.cpp, eagerdecomp/native.py): hits served in C++ give what the
+"""The C++ hit path (csrc/hit.cpp, eagerdecomp/hits.py): hits served in C++ give what the
 pure-Python path gives, bit for bit, with eager's aliasing, identity, overlap errors and counts."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import eagerdecomp as ed
 from eagerdecomp.ops.opset import OpSet
-from eagerdecomp.runtime import hits as native
+from eagerdecomp.runtime import hits
 
-pytestmark = pytest.mark.skipif(not native.enabled(), reason="C++ library not built (pure-Python path)")
+pytestmark = pytest.mark.skipif(not hits.enabled(), reason="C++ library not built (pure-Python path)")
 aten = torch.ops.aten
 
 
 def _modes():
     fast = ed.EagerDecompMode("core_aten")
     slow = ed.EagerDecompMode("core_aten")
-    slow.runtime.native = slow.runtime.stats.native = None  # the pure-Python hit path
+    slow.runtime.hits = slow.runtime.stats.hits = None  # the pure-Python hit path
     return fast, slow
 
 
@@ -77,7 +77,7 @@ def test_hits_match_the_python_path(name, fn):
             b = fn(x)
         _same(a, b)
     rows = [r for r in fast.report().rows if r.route == "decomposed"]
-    assert rows and sum(r.native for r in rows) > 0, fast.report()
+    assert rows and sum(r.cpp_hits for r in rows) > 0, fast.report()
 
 
 def test_views_alias_and_in_place_returns_its_input():
@@ -92,7 +92,7 @@ def test_views_alias_and_in_place_returns_its_input():
     assert t._base is x and t.data_ptr() == x.data_ptr()
     assert z is y and torch.equal(y, x + 1.5)
     assert all(p._base is x for p in parts)
-    assert fast.report().row(aten.add_.Tensor).native >= 1
+    assert fast.report().row(aten.add_.Tensor).cpp_hits >= 1
 
 
 def test_counts_are_exact():
@@ -103,7 +103,7 @@ def test_counts_are_exact():
         for _ in range(10):
             torch.nn.functional.silu(x)
     row = fast.report().row(aten.silu.default)
-    assert (row.calls, row.hits, row.native) == (10, 9, 9)  # traced (and installed), then C++
+    assert (row.calls, row.hits, row.cpp_hits) == (10, 9, 9)  # traced (and installed), then C++
     fast.runtime.stats.clear()
     assert fast.report().row(aten.silu.default) is None
 
@@ -121,7 +121,7 @@ def test_overlap_errors_are_raised_on_every_hit():
             with mode:
                 torch.add(x[:-1], 10, out=y[1:])
             assert torch.equal(y[1:], x[:-1] + 10)
-    assert fast.report().row(aten.add.out).native >= 1
+    assert fast.report().row(aten.add.out).cpp_hits >= 1
 
 
 def test_lifted_floats_change_every_call():
@@ -137,8 +137,8 @@ def test_lifted_floats_change_every_call():
             d = aten.add_.Tensor(x.clone(), 3.5 + i, alpha=0.25 + i / 50)
         _same(a, b)
         _same(c, d)
-    assert fast.report().row(aten.addcmul.default).native >= 3
-    assert fast.report().row(aten.add_.Tensor).native >= 3
+    assert fast.report().row(aten.addcmul.default).cpp_hits >= 3
+    assert fast.report().row(aten.add_.Tensor).cpp_hits >= 3
 
 
 class Recorder(TorchDispatchMode):
@@ -158,10 +158,10 @@ def test_only_opset_ops_reach_below_on_hits():
     with fast:  # trace and install first, outside the recorder
         for _ in range(3):
             torch.nn.functional.silu(x), torch.roll(x, 1, 0), x.chunk(2)
-    before = fast.report().row(aten.silu.default).native
+    before = fast.report().row(aten.silu.default).cpp_hits
     with Recorder() as rec, fast:
         torch.nn.functional.silu(x), torch.roll(x, 1, 0), x.chunk(2)
-    assert fast.report().row(aten.silu.default).native == before + 1
+    assert fast.report().row(aten.silu.default).cpp_hits == before + 1
     assert rec.ops and all(op in opset for op in rec.ops), sorted(map(str, rec.ops - set(opset)))
 
 
@@ -171,14 +171,14 @@ def test_cache_clear_empties_the_tables():
     with fast:
         for _ in range(3):
             torch.nn.functional.silu(x)
-    assert len(fast.runtime.native) >= 1
+    assert len(fast.runtime.hits) >= 1
     ed.cache_clear()
-    assert len(fast.runtime.native) == 0 and ed.cache_info().hits == 0
+    assert len(fast.runtime.hits) == 0 and ed.cache_info().hits == 0
     before = fast.report().row(aten.silu.default)
     with fast:
         torch.nn.functional.silu(x)
     after = fast.report().row(aten.silu.default)
-    assert after.traces == before.traces + 1 and after.native == before.native
+    assert after.traces == before.traces + 1 and after.cpp_hits == before.cpp_hits
 
 
 def test_threads_share_a_table():
@@ -203,7 +203,7 @@ def test_threads_share_a_table():
         t.join()
     assert not errors, errors[0]
     row = fast.report().row(aten.silu.default)
-    assert row.calls == 4 * 200 * 4 and row.native > 0
+    assert row.calls == 4 * 200 * 4 and row.cpp_hits > 0
 
 
 def test_kernels_that_re_raise_warnings_stay_in_python():
@@ -213,7 +213,7 @@ def test_kernels_that_re_raise_warnings_stay_in_python():
         for _ in range(3):
             aten.silu.out(x, out=torch.empty(3))  # resizes a non-empty out=: warns every call
     row = fast.report().row(aten.silu.out)
-    assert row.native == 0 and row.python_replay, row
+    assert row.cpp_hits == 0 and row.python_replay, row
 
 
 # -- the device switch ------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_device_hits_are_served_in_cpp(edref):
     assert torch.allclose(z.cpu(), torch.addcmul(x, x, x, value=0.3))
     assert all(p.data_ptr() >= xd.data_ptr() for p in parts)
     rep = b.report()
-    assert rep.row(aten.silu.default).native >= 2
+    assert rep.row(aten.silu.default).cpp_hits >= 2
     assert rep.row(aten.silu.default).calls == 4
 
 
@@ -277,6 +277,6 @@ def test_a_new_mode_per_step_starts_warm():
     with fresh:
         y = torch.nn.functional.silu(x)
     row = fresh.report().row(aten.silu.default)
-    assert (row.calls, row.native) == (1, 1)  # served in C++ from its first call
+    assert (row.calls, row.cpp_hits) == (1, 1)  # served in C++ from its first call
     assert row.into == ["aten.mul.Tensor", "aten.sigmoid.default"]  # read from the shared cache
     assert torch.equal(y, x * torch.sigmoid(x))
