@@ -21,6 +21,10 @@ round then reduced by median, so machine noise hits all variants alike.
 from __future__ import annotations
 
 import argparse
+import os
+
+# NOTE: cold kernel caches in every run: no kernel or program from an earlier run's disk cache
+os.environ.setdefault("EAGERDECOMP_DISK_CACHE", "0")
 import statistics
 import sys
 import time
@@ -343,7 +347,7 @@ def main(argv=None):
             r["cached_over_floor"],
         )
     summary = Table(
-        "Summary: medians over the ops above",
+        "A decomposed op: medians over the per-op table of docs/performance.md",
         ["numel", "naive / cached", "python / cached", "cached / floor"],
         formats={c: "{:.2f}x" for c in ("naive / cached", "python / cached", "cached / floor")},
         notes=[f"Pass-through of a core op (aten.mul.Tensor, 64 elements): {pt:.2f}x a do-nothing TorchDispatchMode."],

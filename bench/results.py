@@ -66,6 +66,20 @@ def machine(device: str = "cpu") -> dict:
     return out
 
 
+def command() -> str:
+    """The command line that ran the benchmark, from the repository root, without ``--json PATH``
+    (where the output went is not a measurement parameter)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--json"):
+            skip = a == "--json"
+            continue
+        args.append(a)
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), root)
+    return " ".join(["python", shlex.quote(script), *map(shlex.quote, args)])
+
+
 def add_json_flag(parser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON (bench/render.py reads it)")
 
@@ -76,7 +90,7 @@ def save(path: str | None, bench: str, tables: list, device: str = "cpu") -> Non
         return
     doc = {
         "bench": bench,
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command": command(),
         "machine": machine(device),
         "torch": torch.__version__,
         "eagerdecomp": ed.__version__,

@@ -17,6 +17,10 @@ the default on CUDA), whose per-step bias corrections arrive as lists of floats.
 from __future__ import annotations
 
 import argparse
+import os
+
+# NOTE: cold kernel caches in every run: no kernel or program from an earlier run's disk cache
+os.environ.setdefault("EAGERDECOMP_DISK_CACHE", "0")
 import copy
 import statistics
 import sys
@@ -159,6 +163,11 @@ def main(argv=None):
             "compiled / mode": "{:.2f}x",
             "max param diff": "{:.1e}",
         },
+        notes=[
+            "max param diff: the largest |difference| from native's parameters after every step of the run. "
+            "AdamW divides each update by the gradient's running norm, so where the exact gradient is 0 "
+            "(attention's key bias) a rounding-level gradient becomes an update of up to lr per step."
+        ],
     )
     for name, (model, batch) in _models(opts.scale, opts.device).items():
         bench(name, model, batch, opts.device, opts.rounds, not opts.no_compile, True if opts.foreach else None, table)

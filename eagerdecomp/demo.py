@@ -105,13 +105,14 @@ def main(steps: int = 6) -> None:
     import eagerdecomp as ed
     from eagerdecomp.device.refdev import reference_device
     from eagerdecomp.errors import BackendError
+    from eagerdecomp.runtime import key
     from eagerdecomp.testing import RecordingMode
 
     try:  # before any backward pass: autograd learns the process's devices at its first one
         reference_device()
     except BackendError:
         pass  # device_main says why
-    print(f"eagerdecomp {ed.__version__} | torch {torch.__version__} | key builder: {ed.key.IMPLEMENTATION}")
+    print(f"eagerdecomp {ed.__version__} | torch {torch.__version__} | key builder: {key.IMPLEMENTATION}")
     print(f"TransformerBlock (attention, layer norm, GELU/SiLU, dropout, cross-entropy), AdamW, {steps} steps\n")
     ed.cache_clear()
 
@@ -164,7 +165,7 @@ def main(steps: int = 6) -> None:
     )
     print(
         f"  kernels traced after the first step: {info.misses - misses_after_first} (AdamW's step size, a float"
-        " that changes every step, is a kernel input: see eagerdecomp/lift.py)"
+        " that changes every step, is a kernel input: see eagerdecomp/runtime/lift.py)"
     )
     device_main(steps)
 
