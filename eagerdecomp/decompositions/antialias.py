@@ -20,26 +20,12 @@ import torch
 
 from eagerdecomp.decompositions.numerics import to_float32  # a float rounded to float32, as a C++ float receives it
 from eagerdecomp.decompositions.registry import project_decomposition
-from eagerdecomp.decompositions.resample import resize_uint8
+from eagerdecomp.decompositions.resample import bicubic_filter, bilinear_filter, resize_uint8
 
 aten = torch.ops.aten
 
 
-def _bilinear(x):
-    x = abs(x)
-    return 1.0 - x if x < 1.0 else 0.0
-
-
-def _bicubic(x, a=-0.5):
-    x = abs(x)
-    if x < 1.0:
-        return ((a + 2) * x - (a + 3)) * x * x + 1
-    if x < 2.0:
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return 0.0
-
-
-_FILTERS = {"bilinear": (_bilinear, 2), "bicubic": (_bicubic, 4)}
+_FILTERS = {"bilinear": (bilinear_filter, 2), "bicubic": (bicubic_filter, 4)}
 
 
 def _scale(n_in, n_out, align_corners, scale, r):

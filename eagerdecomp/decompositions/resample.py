@@ -31,21 +31,20 @@ from eagerdecomp.decompositions.registry import project_decomposition
 aten = torch.ops.aten
 
 
-def _linear(x):
+def bilinear_filter(x):
+    """The bilinear (triangle) filter of eager's resizing kernels, at distance ``x``."""
     x = abs(x)
     return 1.0 - x if x < 1.0 else 0.0
 
 
-def _cubic(a):
-    def cubic(x):
-        x = abs(x)
-        if x < 1.0:
-            return ((a + 2) * x - (a + 3)) * x * x + 1
-        if x < 2.0:
-            return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-        return 0.0
-
-    return cubic
+def bicubic_filter(x, a=-0.5):
+    """Keys' cubic filter with parameter ``a`` (-0.5 for antialiasing, as PIL; -0.75 otherwise)."""
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2.0:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
 
 
 def _scale(n_in, n_out, align_corners, scale):
@@ -102,7 +101,9 @@ def _window(i, n_in, scale, k, fn, align_corners):
 @functools.lru_cache(maxsize=256)
 def _plan(n_in, n_out, align_corners, scale, kind, antialias):
     """(start per output, int16 weights per output and tap, precision) of one dimension."""
-    fn, interp = (_linear, 2) if kind == "bilinear" else (_cubic(-0.5 if antialias else -0.75), 4)
+    # the same filters as the float antialiased resize; bicubic with Keys' a, per path
+    cubic = functools.partial(bicubic_filter, a=-0.5 if antialias else -0.75)
+    fn, interp = (bilinear_filter, 2) if kind == "bilinear" else (cubic, 4)
     s = _scale(n_in, n_out, align_corners, scale)
     if antialias:
         support = interp * 0.5 * s if s >= 1.0 else interp * 0.5
