@@ -30,6 +30,7 @@ import struct
 
 import torch
 
+from eagerdecomp.decompositions.numerics import to_float32
 from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.spacing import _linspace_values
 from eagerdecomp.ops.variants import out_variant
@@ -245,7 +246,7 @@ _HALF_MAX_ELEMENTS = 256
 
 def _round16(n: int, dtype) -> float:
     """int64 -> float -> the 16-bit type, round to nearest even (c10's conversions)."""
-    f = struct.unpack("f", struct.pack("f", float(n)))[0]
+    f = to_float32(float(n))
     if dtype == torch.float16:
         try:
             return struct.unpack("e", struct.pack("e", f))[0]

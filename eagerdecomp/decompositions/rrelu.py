@@ -17,11 +17,9 @@ eager, so a non-contiguous one (whose layout that ignores) is declined, as is an
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
-from eagerdecomp.decompositions.numerics import opmath
+from eagerdecomp.decompositions.numerics import opmath, to_float32
 from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
@@ -30,7 +28,7 @@ _F64 = torch.float64
 
 def _asopmath(v, dtype) -> float:
     if opmath(dtype) == torch.float32:
-        return struct.unpack("f", struct.pack("f", float(v)))[0]
+        return to_float32(float(v))
     return float(v)
 
 
