@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
 
-.PHONY: demo test check lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
+.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,11 @@ demo: install
 # the whole suite on every core (pytest-xdist); the slowest tests listed at the end
 TEST_JOBS ?= auto
 test: install
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not heavy" --durations=15 $(PYTEST_ARGS)
+
+# the parametrizations make test leaves out (tests/conftest.py HEAVY)
+heavy: install
+	$(PY) -m pytest -n $(TEST_JOBS) -m heavy $(PYTEST_ARGS)
 
 # the edit-test loop: the front door, the runtime's core and the op facts, in a few minutes
 CHECK_TESTS ?= tests/test_mode.py tests/test_errors.py tests/test_architecture.py tests/runtime/test_cache.py \

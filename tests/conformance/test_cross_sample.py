@@ -30,7 +30,7 @@ from .xfail import expected_for, explains
 FAILING = ("unsupported", "wrong", "error")
 SLICE_SAMPLES = 4
 # the slice takes the OpInfos whose name hashes to 0 modulo this (EAGERDECOMP_CROSS_EVERY=1: all of them)
-SLICE_EVERY = int(os.environ.get("EAGERDECOMP_CROSS_EVERY", "8"))
+SLICE_EVERY = int(os.environ.get("EAGERDECOMP_CROSS_EVERY", "16"))
 
 
 def _cross_params() -> list:

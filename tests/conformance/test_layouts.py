@@ -28,7 +28,7 @@ from .xfail import expected_for, explains
 
 FAILING = ("unsupported", "wrong", "error")
 SLICE_SAMPLES, FULL_SAMPLES = 2, 4
-SLICE_EVERY = int(os.environ.get("EAGERDECOMP_LAYOUTS_EVERY", "8"))
+SLICE_EVERY = int(os.environ.get("EAGERDECOMP_LAYOUTS_EVERY", "16"))
 
 
 def _column_major(t):
