@@ -34,12 +34,13 @@ test: install
 heavy: install
 	$(PY) -m pytest -n $(TEST_JOBS) -m heavy $(PYTEST_ARGS)
 
-# the edit-test loop: the front door, the runtime's core and the op facts, in a few minutes
-CHECK_TESTS ?= tests/test_mode.py tests/test_errors.py tests/test_architecture.py tests/runtime/test_cache.py \
-	tests/runtime/test_key.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/ops/test_opset.py \
-	tests/device/test_switch.py
+# the edit-test loop: the front door, the runtime, the op facts, the decomposition tables and the
+# pointwise family (no model zoo, no browser, no conformance); a few minutes on 2 cores
+CHECK_TESTS ?= tests/test_mode.py tests/test_errors.py tests/test_architecture.py tests/test_docs.py tests/ops \
+	tests/runtime tests/device/test_switch.py tests/decompositions/test_table.py tests/decompositions/test_pointwise.py \
+	tests/decompositions/test_twins.py
 check: install
-	$(PY) -m pytest -n $(TEST_JOBS) $(CHECK_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) -m "not heavy" $(CHECK_TESTS) $(PYTEST_ARGS)
 
 # every runtime test file on the pure-Python path (no C++ key, no C++ hit path); make test runs a slice
 PARITY_TESTS ?= tests/test_mode.py tests/runtime/test_cache.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/runtime/test_lift_lists.py \
