@@ -21,15 +21,15 @@ RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- bench:([\w-]+)(?::([^>]*?))? -->\n).*?(<!-- /bench:\2 -->)", re.S)
 
 
-def _cell(value, fmt):
+def _cell(value, fmt=None):
     if isinstance(value, (int, float)) and not isinstance(value, bool) and fmt:
         return fmt.format(value)
-    return "" if value is None else str(value)
+    return "" if value is None else str(value).replace("|", "\\|")  # a pipe would end the cell
 
 
 def table_md(t: dict) -> str:
     fmts = t.get("formats", {})
-    lines = ["| " + " | ".join(t["columns"]) + " |", "|" + "---|" * len(t["columns"])]
+    lines = ["| " + " | ".join(map(_cell, t["columns"])) + " |", "|" + "---|" * len(t["columns"])]
     for row in t["rows"]:
         lines.append("| " + " | ".join(_cell(v, fmts.get(c)) for c, v in zip(t["columns"], row)) + " |")
     return "\n".join(lines + [f"\n{n}" for n in t.get("notes", [])])

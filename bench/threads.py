@@ -6,7 +6,7 @@ loss ``logsumexp(-1).mean()``; 30 batches of 8-12 rows; AdamW) under its own
 with the same training run alone in the main thread, with no mode. Prints how many thread-runs
 differed (max |loss difference| above 1e-4).
 
-    python bench/threads.py [--rounds 100] [--threads 4] [--native] [--pytorch-pitfalls]
+    python bench/threads.py [--rounds 100] [--threads 4] [--native] [--pytorch-pitfalls] [--json out.json]
 
 ``--native`` runs the threads without eagerdecomp (the control). ``--pytorch-pitfalls`` builds
 each model inside its thread after ``torch.manual_seed`` (weights drawn from the shared default
@@ -21,6 +21,7 @@ import contextlib
 import threading
 
 import torch
+from results import Table, add_json_flag, save
 
 import eagerdecomp as ed
 
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="models built in the threads, intra-op threads as PyTorch sets them",
     )
+    add_json_flag(ap)
     opts = ap.parse_args(argv)
     torch.set_num_threads(1)
     wrong = total = 0
@@ -96,6 +98,16 @@ def main(argv=None) -> int:
         f"{what}{' (PyTorch pitfalls on)' if opts.pytorch_pitfalls else ''}: "
         f"{wrong} of {total} thread-runs differ from the same training alone (worst max |diff| {worst:.2e})"
     )
+    table = Table(
+        "Threads training at once against the same training alone",
+        ["threads", "variant", "thread-runs", "differ (max |loss diff| > 1e-4)", "worst max |loss diff|"],
+        formats={"worst max |loss diff|": "{:.1e}"},
+    )
+    variant = ("natively" if opts.native else "under the mode") + (
+        ", models built in the threads, intra-op threads as PyTorch sets them" if opts.pytorch_pitfalls else ""
+    )
+    table.add(opts.threads, variant, total, wrong, worst)
+    save(opts.json, "threads", [table])
     return 0
 
 
