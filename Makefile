@@ -108,6 +108,9 @@ bench: install
 	$(PY) bench/step.py --json bench/results/step.json
 	$(PY) bench/device.py --json bench/results/device.json
 	$(PY) bench/micro.py --json bench/results/micro.json
+	$(PY) bench/threads.py --json bench/results/threads.json
+	$(PY) bench/threads.py --native --pytorch-pitfalls --rounds 25 --json bench/results/threads-pitfalls.json
+	$(PY) bench/conformance.py --json bench/results/conformance.json
 	$(PY) bench/key.py
 	$(PY) bench/compile.py
 
