@@ -111,6 +111,7 @@ bench: install
 	$(PY) bench/threads.py --json bench/results/threads.json
 	$(PY) bench/threads.py --native --pytorch-pitfalls --rounds 25 --json bench/results/threads-pitfalls.json
 	$(PY) bench/conformance.py --json bench/results/conformance.json
+	$(PY) bench/corpus.py --json bench/results/corpus.json
 	$(PY) bench/key.py
 	$(PY) bench/compile.py
 

@@ -8,7 +8,7 @@ core_aten --models`` answering the 90% question: in-process (load the cached gra
 analyse, per-model verdicts, the greedy set), and the whole command line (interpreter and
 ``import torch`` included), medians over ``--rounds``.
 
-    python bench/corpus.py [--pytorch ../shared/data/pytorch_model_ops.json] [--rounds 5]
+    python bench/corpus.py [--pytorch ../shared/data/pytorch_model_ops.json] [--rounds 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from results import Table, add_json_flag, save
+
 import eagerdecomp.coverage as cov
 from eagerdecomp.coverage.models import analyse_models, load_corpus
 
@@ -27,23 +29,25 @@ HERE = Path(__file__).resolve().parent
 PYTORCH = HERE.parent.parent / "shared" / "data" / "pytorch_model_ops.json"
 
 
-def cross_check(graph, corpora) -> None:
-    print("| corpus | opset | models | run | share | ops to add for 90% (greedy) |")
-    print("| --- | --- | ---: | ---: | ---: | --- |")
+def cross_check(graph, corpora) -> Table:
+    table = Table(
+        "Models whose every op has a path to the opset",
+        ["corpus", "opset", "models", "run", "share", "per family (run / models)", "ops to add for 90% (greedy)"],
+        formats={"share": "{:.1f}%"},
+    )
     for opset in ("core_aten", "prims"):
         c = cov.analyse(graph, opset)
         for corpus in corpora:
             m = analyse_models(c, corpus)
             ops = m.ops_for(90)
-            print(
-                f"| {corpus.name} | {opset} | {len(m.status)} | {m.counts()['runs']} | {m.share():.1f}% | "
-                f"{len(ops)}: {', '.join(o.removeprefix('aten.') for o in ops)} |"
-            )
-            for family, (runs, n) in m.families().items():
-                print(f"|   {family} | | {n} | {runs} | {100.0 * runs / n:.1f}% | |")
+            families = ", ".join(f"{family} {runs}/{n}" for family, (runs, n) in m.families().items())
+            added = f"{len(ops)}: " + ", ".join(f"`{o.removeprefix('aten.')}`" for o in ops) if ops else "none"
+            table.add(corpus.name, opset, len(m.status), m.counts()["runs"], m.share(), families, added)
+            print(" | ".join(map(str, table.rows[-1])))
+    return table
 
 
-def timing(rounds: int) -> None:
+def timing(rounds: int) -> Table:
     inproc, cli = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -72,17 +76,27 @@ def timing(rounds: int) -> None:
         f"90% question, graph cached: in-process {statistics.median(inproc):.2f} s, "
         f"command line {statistics.median(cli):.2f} s (medians of {rounds})"
     )
+    table = Table(
+        f"The 90% question with the path graph cached, seconds (medians of {rounds})",
+        ["in-process (load graph, analyse, per-model verdicts, greedy set)", "whole command line"],
+        formats={
+            "in-process (load graph, analyse, per-model verdicts, greedy set)": "{:.2f}",
+            "whole command line": "{:.2f}",
+        },
+    )
+    table.add(statistics.median(inproc), statistics.median(cli))
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pytorch", type=Path, default=PYTORCH)
     parser.add_argument("--rounds", type=int, default=5)
+    add_json_flag(parser)
     args = parser.parse_args()
     graph = cov.load_graph()  # builds and caches it the first time (minutes)
     corpora = [load_corpus()] + ([load_corpus(args.pytorch)] if args.pytorch.exists() else [])
-    cross_check(graph, corpora)
-    timing(args.rounds)
+    save(args.json, "corpus", [cross_check(graph, corpora), timing(args.rounds)])
 
 
 if __name__ == "__main__":
