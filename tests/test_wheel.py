@@ -155,6 +155,7 @@ def test_the_installed_commands_run_outside_the_checkout(installed, tmp_path):
     env = _env(site)
     info = _run([sys.executable, "-S", "-m", "eagerdecomp.info"], cwd=tmp_path, env=env)
     assert str(site) in info
+    assert "coverage" in _run([sys.executable, "-S", "-m", "eagerdecomp", "--help"], cwd=tmp_path, env=env)
     # the console script pip wrote, run by this interpreter with -S (its shebang would read .pth files)
     script = site / "bin" / "eagerdecomp"
     out = _run([sys.executable, "-S", str(script), "coverage", "--models", "--summary"], cwd=tmp_path, env=env)
