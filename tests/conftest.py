@@ -14,8 +14,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # NOTE: parametrizations `make test` leaves to `make heavy` (marked `heavy`), to keep the whole
-# suite within CI's ten minutes: per test, the argument values whose cases are left out. Each
-# keeps a stricter or narrower case in `make test` (float64 beside float32, bfloat16's rounding).
+# suite within CI's ten minutes: per test, the argument values whose cases are left out (None:
+# the whole test, which a heavy target runs: make stress). Each keeps a stricter or narrower case
+# in `make test` (float64 beside float32, bfloat16's rounding).
 HEAVY = {
     "test_histogram": {"dtype": {torch.float32}},
     "test_adaptive_max_pool2d": {"dtype": {torch.float32}},
@@ -28,14 +29,17 @@ HEAVY = {
     "test_bessel_accuracy_rule": {"dtype": {torch.float32}},
     "test_median_dim_ties_and_nans": {"dtype": {torch.float32}},
     "test_mode_ties_nans_and_insertion_order": {"dtype": {torch.float32}},
+    "test_cache_bound_and_flat_memory_over_many_shapes": None,  # thousands of shapes: make stress
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        left_out = HEAVY.get(getattr(item, "originalname", item.name), {})
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if any(params.get(arg) in values for arg, values in left_out.items() if arg in params):
+        name = getattr(item, "originalname", item.name)
+        if name not in HEAVY:
+            continue
+        left_out, params = HEAVY[name], getattr(getattr(item, "callspec", None), "params", {})
+        if left_out is None or any(params.get(arg) in values for arg, values in left_out.items() if arg in params):
             item.add_marker(pytest.mark.heavy)
 
 
