@@ -30,6 +30,9 @@ HEAVY = {
     "test_median_dim_ties_and_nans": {"dtype": {torch.float32}},
     "test_mode_ties_nans_and_insertion_order": {"dtype": {torch.float32}},
     "test_cache_bound_and_flat_memory_over_many_shapes": None,  # thousands of shapes: make stress
+    # the samplers' rejection loops at large rates (smaller rates of the same branches stay)
+    "test_poisson_distribution": {"lam": {37.5, 1000.0}},
+    "test_binomial_distribution": {"count": {100}},
 }
 
 
