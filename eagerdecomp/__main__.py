@@ -14,6 +14,9 @@ Examples::
     python -m eagerdecomp coverage --models --corpus ../shared/data/pytorch_model_ops.json --format json
     python -m eagerdecomp coverage record                     # re-record the model corpus (tens of minutes)
     python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
+    python -m eagerdecomp cache build -o bundle/              # pre-trace the demo, BERT and Llama kernels
+    python -m eagerdecomp cache build --corpus models.json --models Bert Llama --dtypes float32,bfloat16 -o bundle/
+    python -m eagerdecomp cache info bundle/                  # what a bundle was built for, and whether it is usable
 """
 
 from __future__ import annotations
@@ -144,6 +147,84 @@ def _profile(args) -> int:
     return 0
 
 
+def _dtypes(text: str) -> list:
+    import torch
+
+    out = []
+    for name in filter(None, (t.strip() for t in text.split(","))):
+        dtype = getattr(torch, name.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a floating torch dtype (float32, bfloat16, ...)")
+        out.append(dtype)
+    return out
+
+
+def _corpus_workloads(args) -> list:
+    """A workload per model of the corpus that the recorder can build here (``--models`` filters by name)."""
+    from eagerdecomp.coverage.models import load_corpus
+    from eagerdecomp.coverage.record import build, specs, train_step
+    from eagerdecomp.workloads import Workload
+
+    corpus = load_corpus(args.corpus)
+    chosen = [s for s in specs(only=args.models) if s["name"] in corpus.models]
+    missing = sorted(set(corpus.models) - {s["name"] for s in specs()})
+    if missing:
+        print(
+            f"{len(missing)} models of {corpus.name} cannot be built here (skipped), e.g. {missing[:3]}",
+            file=sys.stderr,
+        )
+
+    def run(spec, opset, dtype):
+        import torch
+
+        import eagerdecomp as ed
+
+        model, x, labels, _, _ = build(spec)
+        model.to(dtype)
+        x = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with ed.EagerDecompMode(opset):
+            train_step(model, x, labels, opt)
+            model.eval()
+            with torch.no_grad():
+                model(**x)
+
+    return [Workload(s["name"], lambda opset, dtype, s=s: run(s, opset, dtype)) for s in chosen]
+
+
+def _cache_build(args) -> int:
+    from eagerdecomp.ops.opset import OpSet
+    from eagerdecomp.workloads import WORKLOADS, build
+
+    if not args.output:
+        raise OSError("cache build needs -o DIR: the bundle's folder")
+    names = [w for w in (args.workloads or "").split(",") if w]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        raise OSError(f"unknown workload(s) {unknown}; known: {sorted(WORKLOADS)}")
+    work = names + (_corpus_workloads(args) if args.corpus or args.models else [])
+    opset = OpSet.from_file(args.opset_file) if args.opset_file else args.opset
+    manifest = build(args.output, opset, work, args.dtypes, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    failed = [r for r in manifest["runs"] if r["error"]]
+    print(
+        f"wrote the bundle {args.output}: {manifest['entries']} entries for {len(manifest['opsets'])} opset folder(s), "
+        f"{len(manifest['runs']) - len(failed)} workload run(s) ({len(failed)} failed); "
+        f"use it with EAGERDECOMP_BUNDLE={args.output}",
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
+
+
+def _cache_info(args) -> int:
+    from eagerdecomp.runtime import bundle, disk
+
+    manifest = bundle.read_manifest(args.dir)
+    usable = manifest.get("sources") == disk.code_fingerprint()
+    manifest["usable here"] = usable
+    _write(json.dumps(manifest, indent=1, sort_keys=True), None)
+    return 0 if usable else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagerdecomp", description="Which ops must my backend implement?")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +288,39 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("script")
     prof.add_argument("argv", nargs=argparse.REMAINDER, help="arguments passed to the script")
     prof.set_defaults(run=_profile)
+
+    cache = sub.add_parser("cache", help="kernel bundles: pre-traced kernels a device package ships")
+    cache_actions = cache.add_subparsers(dest="action", required=True, metavar="build|info")
+    build = cache_actions.add_parser(
+        "build",
+        help="run representative workloads under the mode and write every kernel they trace into a bundle folder",
+    )
+    build.add_argument(
+        "-o", "--output", metavar="DIR", required=True, help="the bundle's folder (new, empty, or a bundle)"
+    )
+    group = build.add_mutually_exclusive_group()
+    group.add_argument(
+        "--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)"
+    )
+    group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
+    build.add_argument(
+        "--workloads",
+        default="demo,bert,llama",
+        help="comma separated, of eagerdecomp.workloads.WORKLOADS (default demo,bert,llama; '' for none)",
+    )
+    build.add_argument(
+        "--corpus",
+        metavar="FILE",
+        help="also run the models of this corpus (default with --models: the shipped one) that can be built here",
+    )
+    build.add_argument("--models", nargs="+", metavar="TEXT", help="only the corpus models whose name contains one")
+    build.add_argument(
+        "--dtypes", type=_dtypes, default="float32", help="floating dtypes to run each workload at (default float32)"
+    )
+    build.set_defaults(run=_cache_build)
+    info = cache_actions.add_parser("info", help="a bundle's manifest, and whether this process can use it")
+    info.add_argument("dir", metavar="DIR")
+    info.set_defaults(run=_cache_info)
     return parser
 
 

@@ -15,6 +15,10 @@ the next process installs before its first miss, so a warm process starts on C++
 An entry holds the text of its key, which is compared on load, so a hash collision or
 a stale layout reads as a miss.
 
+Bundles. A store also reads the read-only kernel bundles ``EAGERDECOMP_BUNDLE`` names
+(:mod:`eagerdecomp.runtime.bundle`): after its own folder, the bundle's folder of the same
+fingerprint. It never writes, removes or packs there; an unreadable bundle entry is a miss.
+
 Robustness. Writes go to a temporary file in the same folder, then ``os.replace``:
 readers see a whole old entry or a whole new one, never a part, and two processes
 writing at once leave one valid entry. An entry that cannot be read (corrupt,
@@ -44,10 +48,11 @@ from pathlib import Path
 
 import torch
 
+from eagerdecomp.runtime import bundle
 from eagerdecomp.runtime.paths import cache_dir
 from eagerdecomp.runtime.quiet import quiet
 
-__all__ = ["enabled", "Store", "store_for", "clear"]
+__all__ = ["enabled", "Store", "store_for", "folder_name", "code_fingerprint", "flush", "clear"]
 
 FORMAT = 4  # bumped when the entry layout or what a key means changes: older entries then read as stale
 _warned = threading.Event()  # one warning per process for unreadable entries
@@ -59,7 +64,7 @@ def enabled() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _code_fingerprint() -> str:
+def code_fingerprint() -> str:
     """torch's version, ours, and the bytes of our sources (a decomposition edited in place changes it)."""
     from eagerdecomp import __version__
 
@@ -227,12 +232,14 @@ def _member_from(data: dict):
 
 
 class Store:
-    """The entries of one (code, opset) fingerprint: one folder."""
+    """The entries of one (code, opset) fingerprint: one folder, and the same fingerprint's
+    folders of read-only bundles (``bundles``), read after it."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, bundles: tuple = ()):
         import cachetools
 
         self.folder = folder
+        self.bundles = tuple(bundles)
         self._lock = threading.Lock()
         self._loaded = cachetools.LRUCache(maxsize=4096)  # kernel id -> Kernel read from disk
         self._ids = cachetools.LRUCache(maxsize=4096)  # id(Kernel) -> (Kernel, kernel id)
@@ -257,11 +264,17 @@ class Store:
             return None
         return entry
 
+    def _find(self, text: str, kind: str):
+        """``(data, path)`` of ``text``'s entry: our folder's, else the first bundle's that has it."""
+        for folder in (self.folder, *self.bundles):
+            path = self._path(text, folder)
+            entry = self._load(path, kind)
+            if entry is not None and entry.get("key") == text:  # (another key with the same hash: a miss)
+                return entry["data"], path
+        return None, None
+
     def _read(self, text: str, kind: str):
-        entry = self._load(self._path(text), kind)
-        if entry is None or entry.get("key") != text:
-            return None  # another key with the same hash: a miss
-        return entry["data"]
+        return self._find(text, kind)[0]
 
     def _drop(self, path: Path, error: Exception) -> None:
         if not _warned.is_set():
@@ -272,10 +285,11 @@ class Store:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        if path.parent == self.folder or self.folder in path.parents:  # a bundle's files are never removed
+            try:
+                path.unlink()
+            except OSError:
+                pass
 
     def _write(self, text: str, kind: str, make_data, path: Path | None = None) -> None:
         try:
@@ -311,14 +325,14 @@ class Store:
             kernel = self._loaded.get(kid)
         if kernel is not None:
             return kernel
-        data = self._read("kernel " + kid, "kernel")
+        data, path = self._find("kernel " + kid, "kernel")
         if data is None:
             return None
         try:
             with quiet():
                 kernel = _kernel_from(data)
         except Exception as e:  # noqa: BLE001
-            self._drop(self._path("kernel " + kid), e)
+            self._drop(path, e)
             return None
         with self._lock:
             self._loaded[kid] = kernel
@@ -335,7 +349,8 @@ class Store:
                 kid = hashlib.sha256(_dumps(data)).hexdigest()[:40]
             except Exception:  # noqa: BLE001 - cannot be written: memory only
                 return
-            if not self._path("kernel " + kid).exists():
+            # (a kernel a bundle holds is not copied: our key entry names it there)
+            if not any(self._path("kernel " + kid, f).exists() for f in (self.folder, *self.bundles)):
                 self._write("kernel " + kid, "kernel", lambda: data)
             with self._lock:
                 self._ids[id(kernel)] = (kernel, kid)
@@ -345,14 +360,14 @@ class Store:
 
     # -- shape families ----------------------------------------------------------------------
     def load_members(self, fkey) -> tuple:
-        data = self._read(repr(fkey.parts), "family")
+        data, path = self._find(repr(fkey.parts), "family")
         if not data:
             return ()
         try:
             with quiet():
                 return tuple(_member_from(d) for d in data)
         except Exception as e:  # noqa: BLE001
-            self._drop(self._path(repr(fkey.parts)), e)
+            self._drop(path, e)
             return ()
 
     def save_members(self, fkey, members) -> None:
@@ -363,8 +378,8 @@ class Store:
     # library's: each build has its folder (``lib`` names it), never read by another build.
     # A program is written as it is made, a file of its own; at exit a process packs its
     # folder into one file, which the next process reads whole before its first miss.
-    def _programs(self, lib: str) -> Path:
-        return self.folder / f"programs-{lib}"
+    def _programs(self, lib: str, folder: Path | None = None) -> Path:
+        return (folder or self.folder) / f"programs-{lib}"
 
     def save_program(self, lib: str, entry: tuple) -> None:
         """Write one program: ``(stack, op name, words, ...)``, filed by its first three."""
@@ -373,10 +388,8 @@ class Store:
         with self._lock:
             self._new_programs.add(lib)
 
-    def load_programs(self, lib: str, pack: bool = False) -> list:
-        """Every program of ``lib``'s folder (the pack, then loose files); with ``pack``, also
-        write them as the new pack (the newest :data:`MAX_PROGRAMS`) and remove the loose files."""
-        folder = self._programs(lib)
+    def _read_programs(self, folder: Path) -> tuple:
+        """``({key text: program}, loose files)`` of one programs folder: its pack, then loose files."""
         packed = self._load(folder / "pack", "pack")
         entries = {repr(e[:3]): e for e in (packed["data"] if packed else ())}
         loose = sorted(folder.glob("[!.]*.pkl")) if folder.is_dir() else []
@@ -385,15 +398,29 @@ class Store:
             if entry is not None:
                 entries.pop(entry["key"], None)  # re-inserted: the newest come last
                 entries[entry["key"]] = entry["data"]
-        out = list(entries.values())[-MAX_PROGRAMS:]
+        return entries, loose
+
+    def load_programs(self, lib: str, pack: bool = False) -> list:
+        """Every program of ``lib``'s folder (the pack, then loose files), after the bundles'
+        (ours win); with ``pack``, also write ours as the new pack (the newest
+        :data:`MAX_PROGRAMS`) and remove the loose files."""
+        folder = self._programs(lib)
+        entries, loose = self._read_programs(folder)
+        own = list(entries.values())[-MAX_PROGRAMS:]
         if pack and loose:
-            self._write(lib, "pack", lambda: out, folder / "pack")
+            self._write(lib, "pack", lambda: own, folder / "pack")
             for path in loose:  # (a program written since it was listed stays loose)
                 try:
                     path.unlink()
                 except OSError:
                     pass
-        return out
+        if not self.bundles:
+            return own
+        merged: dict = {}
+        for b in reversed(self.bundles):  # the first bundle wins over later ones, ours over all
+            merged.update(self._read_programs(self._programs(lib, b))[0])
+        merged.update((repr(e[:3]), e) for e in own)
+        return list(merged.values())[-MAX_PROGRAMS:]
 
     def pack_programs(self) -> None:
         """Pack the folders this process wrote programs to (at exit)."""
@@ -472,17 +499,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
+def folder_name(opset) -> str:
+    """The folder of ``opset``'s entries under ``kernels/``: our sources' fingerprint and its ops."""
+    h = hashlib.sha256(code_fingerprint().encode())
+    for name in sorted(map(str, opset.ops)):
+        h.update(name.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
 def store_for(opset, extra: dict) -> Store | None:
     """The store of a runtime over ``opset``; None when its table has decompositions of the user's."""
     from eagerdecomp.decompositions.registry import USER
 
     if extra or USER:
         return None
-    h = hashlib.sha256(_code_fingerprint().encode())
-    for name in sorted(map(str, opset.ops)):
-        h.update(name.encode())
-        h.update(b"\0")
-    return Store(cache_dir("kernels") / h.hexdigest()[:32])
+    name = folder_name(opset)
+    return Store(cache_dir("kernels") / name, bundle.folders_for(name, opset.name, code_fingerprint()))
+
+
+def flush() -> None:
+    """Pack the programs every store of this process wrote (as at exit): a bundle builder's last step."""
+    for store in list(_STORES):
+        store.pack_programs()
 
 
 def clear() -> None:
