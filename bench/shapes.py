@@ -14,6 +14,17 @@
    kernels traced after the first decoding step's shapes.
 3. ``--profile``: where a cold first step's time goes (cumulative seconds of the tracing
    parts, cProfile) and the per-kernel trace cost.
+4. **Unseen lengths, side by side** (``unseen``): after warm-up, each round trains the BERT one
+   step at a length it has never met, then again at that length (warm), and natively at it.
+5. **generate() with a new prompt length** (``prompt``): each round, greedy ``generate()`` with a
+   prompt length whose KV lengths no earlier call met, then the same call again (seen), and natively.
+6. **Cold processes** (``cold``): the first BERT training step, the first ``generate()`` and the
+   demo's first step, each in a fresh process: native; the mode with no disk cache; the mode with
+   a kernel bundle (``python -m eagerdecomp cache build``, built at the start of the run from
+   ``eagerdecomp/workloads.py``'s workloads, whose BERT lengths and prompts are none of these).
+
+``--sections`` picks which run (default all); ``--json PATH`` writes the tables of 4-6 for
+``bench/render.py`` (docs/performance.md).
 
 The in-memory kernel cache is cleared before every cold run and the persistent one is off
 (``EAGERDECOMP_DISK_CACHE=0``), so every cold run traces.
@@ -23,22 +34,29 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 
 os.environ.setdefault("EAGERDECOMP_DISK_CACHE", "0")
 
 import torch  # noqa: E402
+from results import Table, add_json_flag, save  # noqa: E402
 
 import eagerdecomp as ed  # noqa: E402
+from eagerdecomp import workloads  # noqa: E402
 
 LENGTHS = [13, 27, 9, 31, 18, 22, 16, 29, 11, 24, 20, 35]
-BATCH = 4
-VOCAB = 1000
+BATCH = workloads.BATCH
+VOCAB = workloads.VOCAB
 NEW_TOKENS = 48
 DEVICE = "cpu"  # --device: where the models and batches live (native and the mode alike)
+SECTIONS = ("padding", "generation", "demo", "unseen", "prompt", "cold")
 
 
 def _sync():
@@ -47,59 +65,18 @@ def _sync():
 
 
 def _bert():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    cfg = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        num_labels=3,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )  # dropout off: compared with native
-    torch.manual_seed(0)
-    return BertForSequenceClassification(cfg).to(DEVICE)
+    return workloads.bert().to(DEVICE)  # the model the bundle's workload trains (one definition)
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval().to(DEVICE)
+    return workloads.llama().to(DEVICE)
 
 
 def _batches(lengths, device=None):
-    device = device or DEVICE
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for n in lengths:
-        ids = torch.randint(0, VOCAB, (BATCH, n), generator=g)
-        mask = torch.ones(BATCH, n, dtype=torch.long)
-        mask[0, n // 2 :] = 0  # padded rows, as a data loader's collate makes them
-        labels = torch.randint(0, 3, (BATCH,), generator=g)
-        out.append(tuple(t.to(device) for t in (ids, mask, labels)))
-    return out
+    return workloads.bert_batches(lengths, device or DEVICE)
 
 
-def _step(model, opt, batch):
-    ids, mask, labels = batch
-    opt.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    loss.backward()
-    opt.step()
-    return loss
+_step = workloads.bert_step
 
 
 def _traced(report) -> dict:
@@ -388,6 +365,324 @@ def profile_first_step() -> None:
             )
 
 
+class _Traces:
+    """Kernels traced (exact and shape-generic, every runtime) while entered: ``.n``."""
+
+    def __enter__(self):
+        from eagerdecomp.runtime import core
+
+        self.n, self.core, self.orig = 0, core, (core.trace, core.trace_family)
+
+        def counted(f):
+            def wrap(*a, **k):
+                self.n += 1
+                return f(*a, **k)
+
+            return wrap
+
+        core.trace, core.trace_family = counted(self.orig[0]), counted(self.orig[1])
+        return self
+
+    def __exit__(self, *exc):
+        self.core.trace, self.core.trace_family = self.orig
+        return False
+
+
+def _timed(fn):
+    _sync()
+    t0 = time.perf_counter()
+    out = fn()
+    _sync()
+    return time.perf_counter() - t0, out
+
+
+def unseen(rounds: int) -> dict:
+    """Per round: one BERT step at a length the process never met, the same step again (warm),
+    and natively at it; after a warm-up at LENGTHS (which traces the kernels)."""
+    base = _bert()
+    ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
+    opt, nopt = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (ours, theirs))
+    ed.cache_clear()
+    mode = ed.EagerDecompMode("core_aten")
+    warmup = _batches(LENGTHS)
+    with mode:
+        for b in warmup:
+            _step(ours, opt, b)
+    # lengths no call met: not the warm-up's, within the model's 128 positions
+    fresh = [n for n in range(40, 128) if n not in LENGTHS][:: max(1, 88 // max(rounds, 1))][:rounds]
+    rows = {"native": [], "unseen": [], "warm": [], "traced": []}
+    for n in fresh:
+        (b,) = _batches([n])
+        rows["native"].append(_timed(lambda: _step(theirs, nopt, b))[0])
+        with mode, _Traces() as tr:
+            rows["unseen"].append(_timed(lambda: _step(ours, opt, b))[0])
+        rows["traced"].append(tr.n)
+        with mode:
+            rows["warm"].append(_timed(lambda: _step(ours, opt, b))[0])
+    return rows | {"lengths": fresh}
+
+
+def prompt(rounds: int) -> dict:
+    """Per round: greedy generate() from a prompt length whose KV lengths (prompt .. prompt +
+    NEW_TOKENS) no earlier call met, the same call again (seen), and natively; after a warm-up."""
+    model = _llama()
+    g = torch.Generator().manual_seed(2)
+    ed.cache_clear()
+    mode = ed.EagerDecompMode("core_aten")
+    first = torch.randint(0, VOCAB, (1, 8), generator=g).to(DEVICE)  # (outside: an explicit generator has no path)
+    with mode:
+        workloads.generate(model, first, NEW_TOKENS)
+    # disjoint KV ranges: 8..56 was the warm-up's; each round starts past the last one's end
+    limit = model.config.max_position_embeddings - NEW_TOKENS
+    starts = list(range(8 + NEW_TOKENS + 1, limit, NEW_TOKENS + 1))[:rounds]
+    rows = {"native": [], "new": [], "seen": [], "traced": [], "same": []}
+    for p in starts:
+        ids = torch.randint(0, VOCAB, (1, p), generator=g).to(DEVICE)
+        t, ref = _timed(lambda: workloads.generate(model, ids, NEW_TOKENS))
+        rows["native"].append(t)
+        with mode, _Traces() as tr:
+            t, y1 = _timed(lambda: workloads.generate(model, ids, NEW_TOKENS))
+        rows["new"].append(t)
+        rows["traced"].append(tr.n)
+        with mode:
+            t, y2 = _timed(lambda: workloads.generate(model, ids, NEW_TOKENS))
+        rows["seen"].append(t)
+        rows["same"].append(torch.equal(y1, ref) and torch.equal(y2, ref))
+    return rows | {"prompts": starts}
+
+
+COLD_CHILD = """
+import contextlib, json, statistics, sys, time, warnings
+warnings.simplefilter("ignore")
+import torch
+torch.set_num_threads(1)
+import eagerdecomp as ed
+from eagerdecomp import workloads as W
+from eagerdecomp.runtime import core
+what, native = sys.argv[1], sys.argv[2] == "native"
+count = [0]
+orig = core.trace, core.trace_family
+def counted(f):
+    def wrap(*a, **k):
+        count[0] += 1
+        return f(*a, **k)
+    return wrap
+core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
+ctx = contextlib.nullcontext if native else (lambda: ed.EagerDecompMode("core_aten"))
+if what == "bert":
+    model = W.bert()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = W.bert_batches([13])[0]
+    run = lambda: W.bert_step(model, opt, batch)
+elif what == "llama":
+    model = W.llama()
+    ids = torch.randint(0, W.VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    run = lambda: W.generate(model, ids, 48)
+else:
+    from eagerdecomp.demo import TransformerBlock, train_step
+    torch.manual_seed(0)
+    model = TransformerBlock()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = TransformerBlock.batch()
+    run = lambda: train_step(model, opt, x, y)
+times, traced = [], []
+with ctx():
+    for _ in range(4):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+        traced.append(count[0])
+print(json.dumps({"first": times[0], "steady": statistics.median(times[1:]), "traced": traced[0]}))
+"""
+
+COLD_WORK = {
+    "bert": "BERT 2x64, first training step (length 13)",
+    "llama": "Llama 2x64, first generate() (48 tokens)",
+    "demo": "demo TransformerBlock, first training step",
+}
+
+
+def cold(rounds: int) -> dict:
+    """Each workload's first step in fresh processes: native, the mode cold (no disk cache), the
+    mode with a bundle built at the start (its own empty disk cache per process); ``rounds`` of each,
+    interleaved. Returns ``{workload: {variant: [run dicts]}}`` and the bundle build's seconds."""
+    out: dict = {w: {"native": [], "cold": [], "bundle": []} for w in COLD_WORK}
+    with tempfile.TemporaryDirectory() as root:
+        bundle = os.path.join(root, "bundle")
+        env = {k: v for k, v in os.environ.items() if k != "EAGERDECOMP_BUNDLE"}
+        t0 = time.perf_counter()
+        r = subprocess.run(
+            [sys.executable, "-m", "eagerdecomp", "cache", "build", "-o", bundle],
+            env=dict(env, EAGERDECOMP_CACHE_DIR=os.path.join(root, "unused")),
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if r.returncode:
+            raise RuntimeError(r.stderr[-2000:])
+        built = time.perf_counter() - t0
+        variants = {
+            "native": dict(env, EAGERDECOMP_DISK_CACHE="0"),
+            "cold": dict(env, EAGERDECOMP_DISK_CACHE="0"),
+            "bundle": dict(env, EAGERDECOMP_DISK_CACHE="1", EAGERDECOMP_BUNDLE=bundle),
+        }
+        for i in range(rounds):
+            for w in COLD_WORK:
+                for v, venv in variants.items():
+                    venv = dict(venv, EAGERDECOMP_CACHE_DIR=os.path.join(root, f"own-{w}-{v}-{i}"))
+                    r = subprocess.run(
+                        [sys.executable, "-c", COLD_CHILD, w, v],
+                        env=venv,
+                        capture_output=True,
+                        text=True,
+                        timeout=900,
+                    )
+                    if r.returncode:
+                        raise RuntimeError(r.stderr[-2000:])
+                    out[w][v].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return {"runs": out, "built": built}
+
+
+def _med(xs):
+    return statistics.median(xs)
+
+
+def side_by_side(u: dict | None, p: dict | None, c: dict | None) -> list:
+    """Print and return the tables of sections 4-6."""
+    tables = []
+    if u is not None:
+        t = Table(
+            "A training step at a length never seen, after warm-up (tiny BERT, AdamW, batch 4): ms, medians of rounds",
+            [
+                "native",
+                "unseen length",
+                "same length again (warm)",
+                "unseen / warm",
+                "warm / native",
+                "unseen / native",
+                "kernels traced (unseen steps, in all)",
+            ],
+            formats={
+                "native": "{:.1f}",
+                "unseen length": "{:.1f}",
+                "same length again (warm)": "{:.1f}",
+                "unseen / warm": "{:.2f}x",
+                "warm / native": "{:.2f}x",
+                "unseen / native": "{:.2f}x",
+            },
+        )
+        t.add(
+            _med(u["native"]) * 1e3,
+            _med(u["unseen"]) * 1e3,
+            _med(u["warm"]) * 1e3,
+            _med([a / b for a, b in zip(u["unseen"], u["warm"])]),
+            _med([a / b for a, b in zip(u["warm"], u["native"])]),
+            _med([a / b for a, b in zip(u["unseen"], u["native"])]),
+            sum(u["traced"]),
+        )
+        t.notes.append(
+            f"{len(u['lengths'])} rounds, lengths {u['lengths'][0]}..{u['lengths'][-1]}; warm-up: 12 steps at "
+            f"lengths {min(LENGTHS)}..{max(LENGTHS)}. Ratios are medians of per-round ratios."
+        )
+        tables.append(t)
+    if p is not None:
+        t = Table(
+            f"generate() with a prompt length never seen (tiny Llama, greedy, {NEW_TOKENS} tokens): ms, medians",
+            [
+                "native",
+                "new prompt length",
+                "same call again (seen)",
+                "new / seen",
+                "seen / native",
+                "new / native",
+                "kernels traced (new calls, in all)",
+                "tokens equal native's",
+            ],
+            formats={
+                "native": "{:.0f}",
+                "new prompt length": "{:.0f}",
+                "same call again (seen)": "{:.0f}",
+                "new / seen": "{:.2f}x",
+                "seen / native": "{:.2f}x",
+                "new / native": "{:.2f}x",
+            },
+        )
+        t.add(
+            _med(p["native"]) * 1e3,
+            _med(p["new"]) * 1e3,
+            _med(p["seen"]) * 1e3,
+            _med([a / b for a, b in zip(p["new"], p["seen"])]),
+            _med([a / b for a, b in zip(p["seen"], p["native"])]),
+            _med([a / b for a, b in zip(p["new"], p["native"])]),
+            sum(p["traced"]),
+            "yes" if all(p["same"]) else "NO",
+        )
+        t.notes.append(
+            f"{len(p['prompts'])} rounds, prompt lengths {', '.join(map(str, p['prompts']))}: each meets KV lengths "
+            "no earlier call did (a warm-up generate() from 8 tokens first)."
+        )
+        tables.append(t)
+    if c is not None:
+        t = Table(
+            "The first step in a fresh process: ms, medians of processes",
+            [
+                "workload",
+                "native 1st",
+                "mode 1st, cold",
+                "traced",
+                "mode 1st, bundle",
+                "traced with bundle",
+                "cold / native 1st",
+                "bundle / native 1st",
+                "mode steady",
+                "cold / steady",
+                "bundle / steady",
+            ],
+            formats={k: "{:.1f}" for k in ("native 1st", "mode 1st, cold", "mode 1st, bundle", "mode steady")}
+            | {k: "{:.1f}x" for k in ("cold / native 1st", "bundle / native 1st", "cold / steady", "bundle / steady")},
+        )
+        for w, label in COLD_WORK.items():
+            r = c["runs"][w]
+            nat, cold_, bun = (_med([x["first"] for x in r[v]]) for v in ("native", "cold", "bundle"))
+            steady = _med([x["steady"] for x in r["cold"] + r["bundle"]])
+            t.add(
+                label,
+                nat * 1e3,
+                cold_ * 1e3,
+                max(x["traced"] for x in r["cold"]),
+                bun * 1e3,
+                max(x["traced"] for x in r["bundle"]),
+                _med([a["first"] / b["first"] for a, b in zip(r["cold"], r["native"])]),
+                _med([a["first"] / b["first"] for a, b in zip(r["bundle"], r["native"])]),
+                steady * 1e3,
+                _med([x["first"] / x["steady"] for x in r["cold"]]),
+                _med([x["first"] / x["steady"] for x in r["bundle"]]),
+            )
+        n = len(c["runs"]["bert"]["native"])
+        t.notes.append(
+            f"{n} fresh processes per cell, interleaved. cold: no disk cache; bundle: EAGERDECOMP_BUNDLE at a "
+            f"bundle built by `python -m eagerdecomp cache build` ({c['built']:.0f} s, from "
+            "eagerdecomp/workloads.py's workloads: BERT at other lengths, Llama from other prompts, the demo) "
+            "and an empty disk cache of its own. traced: the most kernels a process traced in its first step; "
+            "steady: median of steps 2-4 under the mode."
+        )
+        tables.append(t)
+    for t in tables:
+        print(f"\n{t.title}")
+        fmts = t.formats
+        for row in t.rows:
+            print(
+                "  "
+                + " | ".join(
+                    f"{col}: {fmts[col].format(v) if col in fmts and isinstance(v, (int, float)) else v}"
+                    for col, v in zip(t.columns, row)
+                )
+            )
+        for note in t.notes:
+            print(f"  ({note})")
+    return tables
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -399,7 +694,17 @@ def main() -> None:
         default="cpu",
         help="cpu or cuda: where native and the mode run (edref and the two-process demo run on CPU only)",
     )
+    p.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma separated, of {', '.join(SECTIONS)} (default all; the JSON holds unseen, prompt, cold)",
+    )
+    p.add_argument("--unseen-rounds", type=int, default=15, help="rounds of the unseen and prompt sections")
+    add_json_flag(p)
     args = p.parse_args()
+    sections = set(args.sections.split(","))
+    if sections - set(SECTIONS):
+        p.error(f"unknown sections {sorted(sections - set(SECTIONS))}")
     global DEVICE
     DEVICE = args.device
     warnings.simplefilter("ignore")
@@ -421,7 +726,21 @@ def main() -> None:
     if args.profile:
         profile_first_step()
         print()
-    r = padding(args.rounds, dev)
+    if sections & {"unseen", "prompt", "cold"}:
+        u = unseen(args.unseen_rounds) if "unseen" in sections else None
+        g = prompt(args.unseen_rounds) if "prompt" in sections else None
+        c = cold(args.rounds) if "cold" in sections and DEVICE == "cpu" else None
+        save(args.json, "shapes", side_by_side(u, g, c), DEVICE)
+    if "padding" in sections:
+        padding_table(args.rounds, dev)
+    if "generation" in sections:
+        generation_table(args.rounds, dev)
+    if "demo" in sections and DEVICE == "cpu":
+        demo_table(args.rounds)
+
+
+def padding_table(rounds: int, dev) -> None:
+    r = padding(rounds, dev)
     t = r["times"]
     worst = max(r["traced"].values(), default=0)
     print(f"dynamic padding, BERT 2x64, AdamW, 12 steps (lengths {LENGTHS[0]}..{max(LENGTHS)}), cold cache:")
@@ -457,7 +776,10 @@ def main() -> None:
         + (f" ({', '.join(op for op, v in per.items() if v == top)})" if top > 1 else "")
         + (f"; ops traced only with 12 lengths: {extra}" if extra else "")
     )
-    g = generation(args.rounds, dev)
+
+
+def generation_table(rounds: int, dev) -> None:
+    g = generation(rounds, dev)
     t = g["times"]
     print(f"\ngeneration, tiny Llama 2x64, greedy, {NEW_TOKENS} new tokens, KV cache:")
     print(
@@ -477,9 +799,6 @@ def main() -> None:
             f"  mode, memory cache cleared, disk cache warm: 1st {t['disk 1st']:.2f} s, 2nd {t['disk 2nd']:.2f} s | "
             f"1st/2nd {t['disk 1st'] / t['disk 2nd']:.2f}x"
         )
-    if DEVICE != "cpu":
-        return
-    demo_table(args.rounds)
 
 
 def demo_table(rounds: int) -> None:

@@ -94,7 +94,7 @@ def llama():
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,  # (rotary: no parameter; room for bench/shapes.py's long prompts)
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
