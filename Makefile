@@ -6,8 +6,10 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make conformance`
 JOBS ?= auto
+# conformance-edref: samples per OpInfo and dtype (0: every one)
+SAMPLES ?= 0
 
-.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled models zoo devsuites stress bench report corpus install clean
+.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +73,15 @@ conformance-resume: install
 	done
 	$(MAKE) conformance-merge
 
+# every OpInfo sample (fn, in-place, out=; float32/float64/int64/bool) natively on CPU and on edref
+# with the switch and the CPU tier (on_unsupported="cpu"); reports/conformance-edref.md counts the
+# classes and the samples that used the tier (make test runs every 16th test at one sample)
+conformance-edref: install
+	rm -rf reports/conformance-edref/rows
+	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SAMPLES=$(SAMPLES) $(PY) -m pytest \
+		tests/conformance/test_device_tier.py -q -n $(JOBS) $(PYTEST_ARGS); s=$$?; \
+		$(PY) -m tests.conformance.device --summary > /dev/null; exit $$s
+
 # the OpInfo suite with compile="inductor": every OpInfo, capped at 2 samples per dtype (each
 # sample compiles its kernels), answered by the compiled code and compared with eager
 conformance-compiled: install
@@ -78,13 +89,16 @@ conformance-compiled: install
 		$(PY) -m pytest tests/conformance/test_opinfo.py -q -n $(JOBS) $(PYTEST_ARGS)
 
 # every model of tests/test_models.py (make test runs its fast slice), under the mode and on edref
+# (FALLBACK=cpu: the edref steps with the CPU tier on)
+FALLBACK ?=
 models: install
-	EAGERDECOMP_MODELS=all $(PY) -m pytest tests/test_models.py $(PYTEST_ARGS)
+	EAGERDECOMP_MODELS=all EAGERDECOMP_MODELS_FALLBACK=$(FALLBACK) $(PY) -m pytest tests/test_models.py $(PYTEST_ARGS)
 
 # every model of the shipped corpus, natively and under the mode (DEVICE=edref: on the reference
 # device with the switch), one child per 8 models (make test runs 3, and 1 on edref); a row per
 # model in reports/zoo[-DEVICE]/rows/ (a later run goes on from the first missing one), then
-# reports/zoo[-DEVICE].md. About an hour on one core.
+# reports/zoo[-DEVICE].md. About an hour on one core. DEVICE=edref:cpu: with the CPU tier on
+# (on_unsupported="cpu"); the summary names the ops each model ran there.
 DEVICE ?=
 zoo: install
 	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
@@ -112,6 +126,7 @@ bench: install
 	$(PY) bench/threads.py --native --pytorch-pitfalls --rounds 25 --json bench/results/threads-pitfalls.json
 	$(PY) bench/conformance.py --json bench/results/conformance.json
 	$(PY) bench/corpus.py --json bench/results/corpus.json
+	$(PY) bench/fallback.py --json bench/results/fallback.json
 	$(PY) bench/key.py
 	$(PY) bench/compile.py
 

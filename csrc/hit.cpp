@@ -38,6 +38,8 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <pybind11/stl.h>
 
+#include "host.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -207,6 +209,7 @@ void check_overlap(const Step& s, const std::vector<c10::IValue>& slots) {
 
 struct Counter {
   std::atomic<int64_t> hits{0};
+  std::atomic<int64_t> to_host{0}, to_device{0}, copy_ns{0};  // what the CPU tier's calls copied
 };
 
 // False while the interpreter is gone or going: a Python reference must then be leaked, not
@@ -256,8 +259,13 @@ struct Program {
   // (which start at input `values_from`) one for each value compiled, others going to Python
   std::vector<Direct> direct;
   int values_from = -1;
+  // the CPU tier (csrc/host.cpp) instead of steps: the token of the tier that installed it
+  // (a fallback with another tier, or none, leaves such a key to Python), and the device type
+  int64_t host = 0;
+  c10::DeviceType host_type = c10::DeviceType::CPU;
 
-  int kind() const { return (lifted ? 1 : 0) | (call || !direct.empty() ? 2 : 0); }  // what the report tells apart
+  // what the report tells apart
+  int kind() const { return (lifted ? 1 : 0) | (call || !direct.empty() ? 2 : 0) | (host ? 4 : 0); }
 };
 
 c10::IValue wrapped(const c10::IValue& v) {
@@ -735,35 +743,40 @@ class Table {
 class Counts {
  public:
   // counted before the program runs, as Python records a replay: a hit whose check raises is a hit
-  void bump(const Program& p) {
+  Counter& bump(const Program& p) {
     const std::pair<PyObject*, int> k{p.op, p.kind()};
     {
       std::shared_lock<std::shared_mutex> g(mu_);
       auto it = map_.find(k);
       if (it != map_.end()) {
         it->second->hits.fetch_add(1, std::memory_order_relaxed);
-        return;
+        return *it->second;
       }
     }
     std::unique_lock<std::shared_mutex> g(mu_);
     auto& slot = map_[k];
     if (!slot) slot = std::make_shared<Counter>();
     slot->hits.fetch_add(1, std::memory_order_relaxed);
+    return *slot;  // (counters are never removed: the reference stays valid)
   }
 
+  // (op, kind, hits, bytes to host, bytes to device, seconds copying) per (op, kind) with hits
   py::list counts() {
     std::shared_lock<std::shared_mutex> g(mu_);
     py::list out;
     for (auto& [k, c] : map_) {
       const int64_t n = c->hits.load(std::memory_order_relaxed);
-      if (n) out.append(py::make_tuple(py::handle(k.first), k.second, n));
+      if (n) {
+        out.append(py::make_tuple(py::handle(k.first), k.second, n, c->to_host.load(), c->to_device.load(),
+                                  1e-9 * static_cast<double>(c->copy_ns.load())));
+      }
     }
     return out;
   }
 
   void clear_counts() {
     std::shared_lock<std::shared_mutex> g(mu_);
-    for (auto& [k, c] : map_) c->hits.store(0);
+    for (auto& [k, c] : map_) c->hits.store(0), c->to_host.store(0), c->to_device.store(0), c->copy_ns.store(0);
   }
 
  private:
@@ -888,7 +901,7 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   }
   finish(c);
   auto p = table.find(c.key);
-  if (!p) return py::reinterpret_borrow<py::object>(g_miss);
+  if (!p || p->host) return py::reinterpret_borrow<py::object>(g_miss);  // (host programs: the device's own)
   std::vector<c10::IValue> out;
   if (p->call || !p->direct.empty()) {  // counted once it answered: a MISS goes on to Python, which records the call
     if (!run_python(*p, c.inputs, out)) return py::reinterpret_borrow<py::object>(g_miss);
@@ -997,9 +1010,10 @@ void install_words(Table& table, py::handle func, bool stack, const std::vector<
 // program = (func, positions, calls, outputs, n_slots, slot_type, lifted[, call]).
 class Fallback final : public c10::OperatorKernel {
  public:
-  Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, py::object on_install)
+  Fallback(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, py::object on_install,
+           int64_t host)
       : table_(std::move(table)), counts_(std::move(counts)), handler_(std::move(handler)),
-        on_install_(std::move(on_install)) {}
+        on_install_(std::move(on_install)), host_(host) {}
   ~Fallback() override {
     release(on_install_);
     release(handler_);
@@ -1027,10 +1041,20 @@ class Fallback final : public c10::OperatorKernel {
     if (keyed) {
       finish(c);
       if (auto p = table_->find(c.key)) {
+        if (p->host) {  // the CPU tier: a key Python sent to the host, if this fallback has that tier
+          if (p->host != host_) return miss(op, stack, n, nullptr);
+          auto& counter = counts_->bump(*p);
+          host::Traffic traffic;
+          host::run(op, stack, p->host_type, traffic);
+          counter.to_host.fetch_add(traffic.to_host, std::memory_order_relaxed);
+          counter.to_device.fetch_add(traffic.to_device, std::memory_order_relaxed);
+          counter.copy_ns.fetch_add(traffic.copy_ns, std::memory_order_relaxed);
+          return;
+        }
         std::vector<c10::IValue> out;
         if (p->call || !p->direct.empty()) {
           py::gil_scoped_acquire gil;
-          if (!run_python(*p, c.inputs, out)) return miss(op, stack, n);
+          if (!run_python(*p, c.inputs, out)) return miss(op, stack, n, nullptr);
           counts_->bump(*p);
         } else {
           counts_->bump(*p);
@@ -1041,7 +1065,7 @@ class Fallback final : public c10::OperatorKernel {
         return;
       }
     }
-    miss(op, stack, n);
+    miss(op, stack, n, keyed ? &c.key : nullptr);
   }
 
  private:
@@ -1056,7 +1080,8 @@ class Fallback final : public c10::OperatorKernel {
     for (auto& v : out) stack->push_back(std::move(v));
   }
 
-  void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n) {
+  // `before`: the call's key read before the call (an out= it resizes changes its arguments)
+  void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, Key* before) {
     const auto& schema = op.schema();
     std::vector<c10::IValue> saved(stack->end() - n, stack->end());
     py::gil_scoped_acquire gil;
@@ -1081,12 +1106,28 @@ class Fallback final : public c10::OperatorKernel {
       py::tuple outs = out.cast<py::tuple>();
       for (size_t i = 0; i < returns.size(); ++i) stack->push_back(torch::jit::toIValue(outs[i], returns[i].type()));
     }
-    if (!result[1].is_none()) install(op, saved, result[1].cast<py::tuple>());
+    if (!result[1].is_none()) install(op, saved, result[1].cast<py::tuple>(), before);
   }
 
-  void install(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, py::tuple prog) {
+  void install(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, py::tuple prog, Key* before) {
     const auto& schema = op.schema();
-    table_->set_lift(&schema, make_lift(schema, prog[1]));
+    auto lift = make_lift(schema, prog[1]);
+    const auto old = table_->lift_for(&schema);
+    const bool same_lift = old ? old->schema_index == lift.schema_index && old->each == lift.each
+                               : lift.schema_index.empty();
+    table_->set_lift(&schema, std::move(lift));
+    if (py::isinstance<py::str>(prog[2])) {  // ("host", token, device): the CPU tier; never saved to disk
+      // NOTE: filed under the key read before the call: an out= the CPU kernel resized reads
+      // differently now, and such calls (structured ops' out= forms) are the tier's common case
+      if (before == nullptr || !same_lift) return;  // (the next call keys with the new lift)
+      auto p = std::make_shared<Program>();
+      p->op = py::object(prog[0]).release().ptr();  // held for the process' life, as make_program's
+      p->total = table_->total_;
+      p->host = prog[3].cast<int64_t>();
+      p->host_type = prog[4].cast<c10::Device>().type();
+      table_->insert(std::move(*before), std::move(p));
+      return;
+    }
     Call c;
     if (!table_->key_stack(op, args.data(), args.size(), c)) return;
     finish(c);
@@ -1126,21 +1167,22 @@ class Fallback final : public c10::OperatorKernel {
   std::shared_ptr<Counts> counts_;
   py::object handler_;
   py::object on_install_;  // called with (words, program) after each install, or None
+  int64_t host_;           // the token of its CPU tier (eagerdecomp/runtime/host.py), 0 without one
 };
 
 // A registration of Fallback on a dispatch key (the whole key, and named ops of aten).
 class Registration {
  public:
   Registration(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, const std::string& key,
-               py::list ops, py::object on_install) {
+               py::list ops, py::object on_install, int64_t host) {
     const auto k = c10::parseDispatchKey(key);
     fallback_ = std::make_unique<torch::Library>(torch::Library::IMPL, "_", k, __FILE__, __LINE__);
-    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install)));
+    fallback_->fallback(torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install, host)));
     if (py::len(ops)) {
       ops_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
       for (py::handle name : ops) {
         ops_->impl(name.cast<std::string>().c_str(),
-                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install)));
+                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Fallback>(table, counts, handler, on_install, host)));
       }
     }
   }
@@ -1172,9 +1214,10 @@ void init(py::module_& m) {
       .def("counts", &Counts::counts)
       .def("clear_counts", &Counts::clear_counts);
   py::class_<Registration>(h, "Registration")
-      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, const std::string&, py::list, py::object>(),
+      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, const std::string&, py::list, py::object,
+                    int64_t>(),
            py::arg("table"), py::arg("counts"), py::arg("handler"), py::arg("key"), py::arg("ops"),
-           py::arg("on_install") = py::none())
+           py::arg("on_install") = py::none(), py::arg("host") = 0)
       .def("remove", &Registration::remove);
   // the layout of a key's words (Tag, push_tensor, finish...): bumped when it changes, so
   // words written to disk by another build are never read as this one's

@@ -14,6 +14,10 @@ namespace eagerdecomp::hit {  // csrc/hit.cpp
 void init(pybind11::module_& m);
 }  // namespace eagerdecomp::hit
 
+namespace eagerdecomp::host {  // csrc/host.cpp
+void init(pybind11::module_& m);
+}  // namespace eagerdecomp::host
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "eagerdecomp C++ library: the strict reference device (edref)";
   m.attr("BUILT_WITH_TORCH") = TORCH_VERSION;
@@ -26,4 +30,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_init_key", &eagerdecomp::key::init_key, "Bypass class and extra plain types for make_key (key.py calls it)");
   m.def("make_key", &eagerdecomp::key::make_key, "(parts, tensors) of a call: eagerdecomp/key.py's make_key_py in C++");
   eagerdecomp::hit::init(m);
+  eagerdecomp::host::init(m);
 }

@@ -45,7 +45,9 @@ class EagerDecompMode(TorchDispatchMode):
             take precedence over every other table.
         on_unsupported: what to do with an op that has no path to the opset:
             ``"error"`` (raise :class:`UnsupportedOpError`), ``"warn"`` or
-            ``"fallthrough"`` (run it natively; counted in the report).
+            ``"fallthrough"`` (run it natively; counted in the report), or ``"cpu"``: on an
+            accelerator, run the CPU's kernel on host copies (:mod:`eagerdecomp.runtime.host`);
+            on CPU tensors that is ``"fallthrough"``.
         compile: None (replay kernels as traced), ``"inductor"`` or a graph compiler
             ``fn(graph_module, example_inputs) -> callable``: a kernel replayed often is
             compiled once per key and the compiled callable answers from then on

@@ -235,12 +235,20 @@ def test_training_step_under_the_mode(builder):
     _assert_matches(native, got)
 
 
+# make models FALLBACK=cpu: the device steps with the CPU tier on (on_unsupported="cpu")
+FALLBACK = os.environ.get("EAGERDECOMP_MODELS_FALLBACK") or "error"
+
+
 @pytest.fixture
 def edref():
     if DEV is None:
         pytest.skip("reference device unavailable")
-    ed.enable(DEV.type)
+    ed.disable(DEV.type)
+    switch = ed.enable(DEV.type, on_unsupported=FALLBACK)
     yield DEV
+    on_cpu = [r.op for r in switch.report().rows if r.on_cpu]
+    if on_cpu:  # the report names what the tier ran (pytest -rP shows it)
+        print(f"CPU tier: {', '.join(on_cpu)}")
     ed.disable(DEV.type)
 
 

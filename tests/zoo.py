@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def rows_dir(device: str | None = None) -> Path:
     """Where a run writes its rows: under the mode, or on ``device`` with the switch."""
-    return ROOT / "reports" / (f"zoo-{device}" if device else "zoo") / "rows"
+    return ROOT / "reports" / (f"zoo-{device.replace(':', '-')}" if device else "zoo") / "rows"
 
 
 def summary_path(device: str | None = None) -> Path:
-    return ROOT / "reports" / (f"zoo-{device}.md" if device else "zoo.md")
+    return ROOT / "reports" / (f"zoo-{device.replace(':', '-')}.md" if device else "zoo.md")
 
 
 # the tolerances of tests/test_models.py: float32 rounding of decomposed chains, not bitwise
@@ -314,7 +314,8 @@ def check(name: str, device: str | None = None) -> dict:
                     got = _train(ours, x, labels), _infer(ours, x)
                     got_generated = _generate(ours, x) if generated is not None else None
             else:
-                mode = ed.enable(device)
+                device, _, tier = device.partition(":")  # edref:cpu: with the CPU tier
+                mode = ed.enable(device, on_unsupported="cpu" if tier else "error")
                 try:
                     ours = ours.to(device)  # tied weights stay tied, as on CUDA (the device says so)
                     torch.manual_seed(1)
@@ -329,6 +330,9 @@ def check(name: str, device: str | None = None) -> dict:
         return dict(row, verdict="crash", detail=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", where=tb[-3:])
     row["mode s" if device is None else f"{device} s"] = round(time.perf_counter() - t0, 3)
     rep = mode.report()
+    on_cpu = [r.op for r in rep.rows if r.on_cpu]
+    if on_cpu:  # the CPU tier ran these (DEVICE=edref:cpu)
+        row["on cpu"] = on_cpu
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
     random = sorted(str(r.op) for r in rep.rows if r.random)
@@ -371,6 +375,10 @@ def summary(device: str | None = None) -> str:
         "| --- | ---: |",
     ]
     lines += [f"| {v} | {len(rs)} |" for v, rs in sorted(by.items(), key=lambda kv: -len(kv[1]))]
+    tier = [r for r in rows if r.get("on cpu")]
+    if tier:
+        lines += ["", f"{len(tier)} model(s) used the CPU tier:", ""]
+        lines += [f"* `{r['name']}` ({r['verdict']}): {', '.join(r['on cpu'])}" for r in tier]
     ran = [r for r in rows if r.get("worst") and not r.get("random")]  # (noise of its own: not comparable)
     if ran:
         rel = sorted(max(r["worst"].values()) for r in ran if r.get("worst"))
@@ -417,7 +425,7 @@ def main(argv: list) -> int:
     if argv == ["--summary"]:
         print(summary(device), end="")
         return 0
-    if device == "edref":
+    if device and device.startswith("edref"):
         from eagerdecomp.testing import reference_device
 
         reference_device()  # before any backward pass in this process (see eagerdecomp.refdev)

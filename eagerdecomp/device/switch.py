@@ -36,8 +36,13 @@ Example::
     >>> device.disable(dev.type)
     True
 
+With ``on_unsupported="cpu"`` an op with no path to the device's kernels runs on the CPU
+instead of raising: the CPU tier (:mod:`eagerdecomp.runtime.host`), exact or refused with a
+clear error, and on the record.
+
 Deployments that cannot change code set ``EAGERDECOMP_DEVICES=mydevice`` (comma
-separated, ``name=opset`` to pick a preset) and :func:`enable_from_env` runs at import.
+separated, ``name=opset`` to pick a preset, ``name:cpu`` for the CPU tier) and
+:func:`enable_from_env` runs at import.
 """
 
 from __future__ import annotations
@@ -226,8 +231,11 @@ def enable(
             for (:func:`device_opset`). A preset name, :class:`OpSet` or iterable narrows it;
             an op in it that the device cannot run raises :class:`BackendError`.
         decompositions: extra ``{op: fn}`` entries, as for :class:`~eagerdecomp.EagerDecompMode`.
-        on_unsupported: ``"error"`` only: an op the device lacks and eagerdecomp cannot
-            decompose has no native kernel to fall through to on a device.
+        on_unsupported: an op the device lacks and eagerdecomp cannot decompose (nor run
+            with PyTorch's composite kernel): ``"error"`` raises
+            :class:`~eagerdecomp.errors.UnsupportedOpError`; ``"cpu"`` runs the CPU's kernel on
+            host copies and copies the results back (:mod:`eagerdecomp.runtime.host`: views
+            and random ops without the device's generator are still refused).
         compile: as for :class:`~eagerdecomp.EagerDecompMode`: None, ``"inductor"`` (for a
             device Inductor generates code for) or the device team's own graph compiler.
 
@@ -236,11 +244,11 @@ def enable(
     """
     device_type = _device_type(device)
     key = _dispatch_key(device_type)
-    if on_unsupported != "error":
+    if on_unsupported not in ("error", "cpu"):
         raise BackendError(
             f"enable({device_type!r}): on_unsupported={on_unsupported!r} is not available for a device; "
-            "expected 'error'. An op that reaches the device switch has no kernel on the device to fall "
-            "through to: register a decomposition for it, or run it on CPU in user code."
+            "expected 'error' or 'cpu'. An op that reaches the device switch has no kernel on the device to "
+            "fall through to: register a decomposition for it, or let it run on the CPU with 'cpu'."
         )
     if compile == "inductor" and not _inductor_supports(device_type):
         raise BackendError(
@@ -252,6 +260,7 @@ def enable(
         opset if isinstance(opset, (str, type(None))) else OpSet.coerce(opset),
         tuple(sorted((str(k), id(v)) for k, v in (decompositions or {}).items())),
         compile,
+        on_unsupported,
     )
     with _lock:
         current = _enabled.get(key)
@@ -298,8 +307,9 @@ def enable(
 
             runtime.serves_device = True
             names = [_impl_name(op) for op, _ in taken]
+            host = runtime.host.token if runtime.host is not None else 0
             library = load().hit.Registration(
-                runtime.hits, runtime.hit_counts, _miss_handler(runtime, kernel), key, names, hits.saver(runtime)
+                runtime.hits, runtime.hit_counts, _miss_handler(runtime, kernel), key, names, hits.saver(runtime), host
             )
             composites = None
         else:
@@ -410,7 +420,8 @@ def enabled(device=None):
 
 
 def enable_from_env(value: str | None = None) -> list:
-    """Enable each device named in ``EAGERDECOMP_DEVICES`` (``"dev1,dev2=core_aten"``).
+    """Enable each device named in ``EAGERDECOMP_DEVICES`` (``"dev1,dev2=core_aten,dev3:cpu"``;
+    ``:cpu`` turns on the CPU tier, ``on_unsupported="cpu"``).
 
     ``edref`` loads the reference device first. Returns the enabled :class:`DeviceSwitch` objects.
     ``EAGERDECOMP_BACKENDS``, the variable's former name, is read too, with a DeprecationWarning.
@@ -424,10 +435,13 @@ def enable_from_env(value: str | None = None) -> list:
             value = os.environ["EAGERDECOMP_BACKENDS"]
     out = []
     for item in filter(None, (s.strip() for s in value.split(","))):
+        item, _, tier = item.partition(":")
+        if tier not in ("", "cpu"):
+            raise BackendError(f"EAGERDECOMP_DEVICES: {item}:{tier}: expected ':cpu' or nothing after the name")
         name, _, opset = item.partition("=")
         if name == "edref":
             from eagerdecomp.device.refdev import reference_device
 
             reference_device()
-        out.append(enable(name, opset or None))
+        out.append(enable(name, opset or None, on_unsupported="cpu" if tier else "error"))
     return out

@@ -41,6 +41,7 @@ from eagerdecomp.runtime.exact import (
 from eagerdecomp.runtime.family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
 from eagerdecomp.runtime.family import enabled as family_enabled
 from eagerdecomp.runtime.fwad import below_forward_ad
+from eagerdecomp.runtime.host import HostTier, device_of
 from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
@@ -52,7 +53,7 @@ from eagerdecomp.runtime.trace import trace, trace_family
 
 __all__ = ["Runtime", "runtime_for", "ON_UNSUPPORTED"]
 
-ON_UNSUPPORTED = ("error", "fallthrough", "warn")
+ON_UNSUPPORTED = ("error", "fallthrough", "warn", "cpu")
 
 # Ops whose outputs cannot be replayed from a kernel traced over fake tensors.
 # NOTE: decided by tags, as FakeTensor's cache does, not by a hand list.
@@ -96,6 +97,7 @@ class Runtime:
         self.stats.hits = self.hit_counts
         self.stats.kernels_of = cache.kernels_of  # what a kernel served only in C++ runs, for the report
         self.serves_device = False  # set by the device switch: programs go back to its C++ fallback
+        self.host = HostTier() if on_unsupported == "cpu" else None  # the CPU tier (eagerdecomp.runtime.host)
 
     # -- routing -------------------------------------------------------------------
     def __call__(self, func, args, kwargs):
@@ -216,7 +218,8 @@ class Runtime:
                 # failed for the call, not the key, so later valid calls may still get a kernel
                 self.cache.discard(key)
                 raise
-        return self.unsupported(func, args, kwargs, UnsupportedOpError(func, entry.chain, entry.reason), cache)
+        error = UnsupportedOpError(func, entry.chain, entry.reason)
+        return self.unsupported(func, args, kwargs, error, cache, key)
 
     def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
         """Install this key's C++ program; under compile=, once the compiler's verdict is in
@@ -405,8 +408,9 @@ class Runtime:
         self.stats.record(func, Route.EAGER, reason, cache)
         return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
 
-    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None):
-        """No path to the opset: the composite kernel (device switch), an error, or a native run."""
+    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None, key=None):
+        """No path to the opset: the composite kernel (device switch), the CPU tier, an error, or
+        a native run. ``key``: the call's, when a C++ program may serve it next."""
         composite = self.composites.get(func)
         if composite is not None and error.op is func:
             # NOTE: a taken-over op whose decomposition leads to an op with no path runs PyTorch's
@@ -414,6 +418,11 @@ class Runtime:
             # fake tensors (or lowering stopped before any real op), so nothing ran yet.
             self.stats.record(func, Route.COMPOSITE, error.reason, cache)
             return func._op_dk(composite, *args, **kwargs)
+        if self.host is not None and device_of(args, kwargs).type != "cpu":
+            out = self.host(self, func, args, kwargs, error, cache)
+            if key is not None and self.serves_device:  # later calls with this key: the C++ fallback's
+                hits.offer_host(self, func, device_of(args, kwargs))
+            return out
         if self.on_unsupported == "error":
             self.stats.record(func, Route.UNSUPPORTED, error.reason, cache)
             raise (error.with_hint(self.hint) if self.hint else error) from None

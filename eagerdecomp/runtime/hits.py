@@ -38,7 +38,7 @@ from eagerdecomp.runtime.family import read_ints
 from eagerdecomp.runtime.lift import Each
 from eagerdecomp.runtime.program import NoProgram, Slot, specialize
 
-__all__ = ["MISS", "table_for", "offer", "enabled", "clear_for", "hits_for", "preload", "saver"]
+__all__ = ["MISS", "table_for", "offer", "offer_host", "enabled", "clear_for", "hits_for", "preload", "saver"]
 
 # C++ returns this object on a miss (the op's outputs are never it)
 MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
@@ -153,6 +153,13 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         runtime._no_program.clear()
     runtime._no_program[key] = None
     runtime.stats.python_replay(func, reason)
+
+
+def offer_host(runtime, func, device) -> None:
+    """The CPU tier just ran this call: have the device's C++ fallback serve its key from now
+    on, on the host, with no Python (never written to disk: the tier is this process's setting).
+    The fallback files it under the key it read before the call (an out= may have been resized)."""
+    runtime._tls.offer = (func, _positions(runtime._lift.get(func, ())), "host", runtime.host.token, device)
 
 
 # -- programs on disk ------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Route(str, enum.Enum):
     COMMUNICATION = "communication"  # a collective: passed through to the process group
     CUSTOM_OP = "custom op"  # a custom op whose Python implementation ran under eagerdecomp
     CUSTOM_KERNEL = "custom kernel"  # a custom op's opaque kernel: passed through
+    CPU_FALLBACK = "cpu fallback"  # no path to the opset: the CPU's kernel ran on host copies
 
     def __str__(self) -> str:
         return self.value
@@ -67,6 +68,7 @@ class Stats:
         self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
         self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
         self.python_only: dict = {}  # op -> reasons some of its keys have no C++ program
+        self.host: dict = {}  # op -> [blocking op, bytes to host, bytes back, seconds copying] (the CPU tier)
         self.hits = None  # the runtime's C++ hit counts (eagerdecomp.runtime.hits)
         self.kernels_of = None  # op -> cached kernels: what an op served only in C++ runs
 
@@ -112,9 +114,33 @@ class Stats:
             if n:
                 total[op, Route.PASSTHROUGH, None, None] += n
         if self.hits is not None:  # hits served in C++, counted there (exact: atomics)
-            for op, kind, n in self.hits.counts():  # kind: 1 floats lifted, 2 compiled (csrc/hit.cpp)
-                total[op, Route.REPLAY, COMPILED if kind & 2 else CPP_HIT_LIFTED if kind & 1 else CPP_HIT, "hit"] += n
+            # kind: 1 floats lifted, 2 compiled, 4 the CPU tier (csrc/hit.cpp)
+            for op, kind, n, *_ in self.hits.counts():
+                if kind & 4:
+                    total[op, Route.CPU_FALLBACK, self.host.get(op, (None,))[0], "hit"] += n
+                else:
+                    reason = COMPILED if kind & 2 else CPP_HIT_LIFTED if kind & 1 else CPP_HIT
+                    total[op, Route.REPLAY, reason, "hit"] += n
         return total
+
+    def copied(self, op, blocking: str, to_host: int, to_device: int, seconds: float) -> None:
+        """Note what a call of ``op`` on the CPU tier copied, and the op that blocked its path."""
+        with self._lock:
+            row = self.host.setdefault(op, [blocking, 0, 0, 0.0])
+            row[1] += to_host
+            row[2] += to_device
+            row[3] += seconds
+
+    def traffic(self) -> dict:
+        """``op -> (bytes to host, bytes back, seconds copying)`` of the CPU tier, C++ calls included."""
+        with self._lock:
+            out = {op: row[1:] for op, row in self.host.items()}
+        if self.hits is not None:
+            for op, kind, _, to_host, to_device, seconds in self.hits.counts():
+                if kind & 4:
+                    h, d, s = out.get(op, (0, 0, 0.0))
+                    out[op] = [h + to_host, d + to_device, s + seconds]
+        return {op: tuple(v) for op, v in out.items()}
 
     def ops(self, route: Route) -> set:
         """The ops with at least one call recorded under ``route``."""
@@ -164,6 +190,7 @@ class Stats:
                 self._passed[op] = itertools.count()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
             self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
+            self.host = {}
         if self.hits is not None:
             self.hits.clear_counts()
 
@@ -181,6 +208,9 @@ class Stats:
             if row is None:
                 row = rows[op] = OpRow(op=str(op))
             row.add(route, reason, cache, n)
+        for op, (to_host, to_device, seconds) in self.traffic().items():
+            if op in rows:
+                rows[op].to_host, rows[op].to_device, rows[op].copy_s = to_host, to_device, seconds
         for op, row in rows.items():
             row.into = sorted(str(o) for o in self.leaf_ops.get(op, ()))
             row.fixups = sorted(self.fixups.get(op, ()))
@@ -226,6 +256,11 @@ class OpRow:
     not_compiled: list = field(default_factory=list)  # why some of its kernels stay on replay (compile=)
     cpp_hits: int = 0  # hits served by the C++ hit path (lifted ones included)
     python_replay: list = field(default_factory=list)  # why some of its keys have no C++ program
+    on_cpu: int = 0  # calls run by the CPU tier (eagerdecomp.runtime.host)
+    blocked_by: str | None = None  # the CPU tier's reason: the op that blocked the path, and why
+    to_host: int = 0  # bytes the CPU tier copied to the host ...
+    to_device: int = 0  # ... and back to the device
+    copy_s: float = 0.0  # seconds it spent copying
 
     def add(self, route: Route, reason, cache, n: int) -> None:
         """Fold ``n`` records of one ``(route, reason, cache)`` into the row."""
@@ -247,6 +282,9 @@ class OpRow:
             self.passthrough += n
         elif route is Route.COMPOSITE:
             self.composite += n
+        elif route is Route.CPU_FALLBACK:
+            self.on_cpu += n
+            self.blocked_by = reason or self.blocked_by
         elif route in _ROUTED:
             self.routed[route.value] = self.routed.get(route.value, 0) + n
         else:  # EAGER, UNSUPPORTED, FALLTHROUGH: a reason says why
@@ -260,6 +298,8 @@ class OpRow:
     def route(self) -> str:
         if self.unsupported:
             return "unsupported"
+        if self.on_cpu:
+            return Route.CPU_FALLBACK.value
         if self.bypassed or self.negative:
             return "bypassed"
         if self.hits or self.misses:
@@ -269,6 +309,14 @@ class OpRow:
         if self.routed:
             return max(self.routed, key=self.routed.get)
         return "passthrough"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 @dataclass
@@ -310,6 +358,11 @@ class Report:
             notes += [f"python replay: {why}" for why in r.python_replay]
             if r.fallthrough:
                 notes.append(f"ran natively x{r.fallthrough}")
+            if r.on_cpu:
+                notes.append(
+                    f"on the CPU x{r.on_cpu} (blocked at {r.blocked_by}): {_size(r.to_host)} to the host, "
+                    f"{_size(r.to_device)} back, {r.copy_s * 1e3:.2f} ms copying"
+                )
             if r.random:
                 notes.append("draws random numbers (stream may differ from the native kernel)")
             lines.append(

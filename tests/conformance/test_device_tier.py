@@ -1,0 +1,66 @@
+"""Conformance on the reference device with the switch and the CPU tier: every OpInfo sample,
+native CPU vs ``ed.enable("edref", on_unsupported="cpu")`` (see :mod:`device`).
+
+The target: a result for every sample eager gives one for (the tier's refusal of ops whose
+result must alias an input excepted), and 0 wrong. ``make test`` runs every
+:data:`SLICE_EVERY`-th test of the fast slice; ``make conformance-edref`` runs every OpInfo at
+every dtype on every sample and writes ``reports/conformance-edref.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import warnings
+
+import pytest
+import torch
+
+from eagerdecomp.errors import BackendError
+
+from .conftest import FAST_SAMPLES, FULL, MAX_SAMPLES, dtype_name, params
+from .device import run_device_sample, write_rows
+
+refdev = pytest.importorskip("eagerdecomp.device.refdev")
+try:
+    DEV = refdev.reference_device()
+except BackendError as e:
+    pytest.skip(f"reference device unavailable: {e}", allow_module_level=True)
+
+SLICE_EVERY = int(os.environ.get("EAGERDECOMP_DEVICE_EVERY", "16"))
+PARAMS = params() if FULL else params()[::SLICE_EVERY]
+# Integer and bool dtypes and the float32/float64 ones, as the issue's target names them
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
+ALLOWED = ("pass", "refused")
+
+
+@pytest.fixture(scope="module")
+def switched():
+    from eagerdecomp import device
+
+    device.disable(DEV)
+    device.enable(DEV, on_unsupported="cpu")
+    yield DEV
+    device.disable(DEV)
+
+
+@pytest.mark.parametrize("opinfo,dtype", [p for p in PARAMS if p.values[1] in DTYPES])
+def test_device_tier(opinfo, dtype, switched):
+    name, dname = opinfo.full_name, dtype_name(dtype)
+    limit = MAX_SAMPLES if FULL else FAST_SAMPLES
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype), limit))
+    rows, problems = [], []
+    for i, sample in enumerate(samples):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outcomes = run_device_sample(opinfo, sample, switched)
+        for o in outcomes:
+            rows.append(dict(dataclasses.asdict(o), test=f"{name}-{dname}", sample=i))
+            if o.cls not in ALLOWED:
+                problems.append(f"sample {i} [{o.variant}] {o.cls}: {o.detail}")
+    if FULL:
+        write_rows(f"{name}-{dname}", rows)
+    assert not problems, f"{name} at {dname} on {switched}:\n  " + "\n  ".join(problems[:20])
