@@ -209,3 +209,60 @@ def test_the_command_line_builds_and_describes_a_bundle(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["cache", "build", "--dtypes", "int8", "-o", str(out)])
     assert e.value.code == 2 and "not a floating torch dtype" in capsys.readouterr().err
+
+
+# the shipped workloads' models at other lengths and prompts than the bundle's (bench/shapes.py's)
+MODELS = textwrap.dedent(
+    """
+    import sys, warnings, torch
+    warnings.simplefilter("ignore")
+    import eagerdecomp as ed
+    from eagerdecomp import workloads as W
+    from eagerdecomp.demo import TransformerBlock, train_step
+    from eagerdecomp.runtime import core
+    count = [0]
+    orig = core.trace, core.trace_family
+    def counted(f):
+        def wrap(*a, **k):
+            count[0] += 1
+            return f(*a, **k)
+        return wrap
+    core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
+    out = []
+    torch.manual_seed(0)
+    block = TransformerBlock(dropout=0.0)
+    opt = torch.optim.AdamW(block.parameters(), lr=1e-3)
+    x, y = TransformerBlock.batch()
+    bert = W.bert()
+    bopt = torch.optim.AdamW(bert.parameters(), lr=1e-3)
+    batches = W.bert_batches([13, 27])
+    llama = W.llama()
+    ids = torch.randint(0, W.VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    with ed.EagerDecompMode("core_aten"):
+        out.append(float(train_step(block, opt, x, y)[1]))
+        out += [float(W.bert_step(bert, bopt, b)) for b in batches]
+        out.append(W.generate(llama, ids, 16).tolist())
+    print(count[0])
+    print(repr(out))
+    """
+)
+
+
+@pytest.mark.heavy
+def test_the_default_bundle_leaves_nothing_to_trace_for_the_demo_bert_and_llama(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "b"
+    build = subprocess.run(
+        [sys.executable, "-m", "eagerdecomp", "cache", "build", "-o", str(out)],
+        env=os.environ | {"EAGERDECOMP_CACHE_DIR": str(tmp_path / "c")},
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    runs = {}
+    for name, env in (("cold", {}), ("bundle", {"EAGERDECOMP_BUNDLE": str(out)})):
+        env |= {"EAGERDECOMP_CACHE_DIR": str(tmp_path / name), "EAGERDECOMP_DISK_CACHE": "1"}
+        traced, results = _python(MODELS, [], env).stdout.strip().splitlines()[-2:]
+        runs[name] = int(traced), results
+    assert runs["cold"][0] > 0 and runs["bundle"][0] == 0, runs
+    assert runs["bundle"][1] == runs["cold"][1]
