@@ -8,6 +8,8 @@ Every call that reaches the mode is timed and put under one route:
 ``tracing``      a cache miss: the decomposition traced into a kernel (plus its first run);
 ``eager``        a bypass (a remembered one too): decomposed on the real tensors, call after call;
 ``fallthrough``  no path to the opset: the op's own kernel ran (``on_unsupported="fallthrough"``);
+``cpu fallback`` no path on an accelerator: the CPU tier ran it (``on_unsupported="cpu"``); the time
+                 it spent copying each way is ``Profile.copy_s``;
 
 and the routes of ops outside ATen compute (``communication``, ``custom op``,
 ``custom kernel``). The route is the one the runtime recorded for the call.
@@ -52,6 +54,7 @@ _NAMES = {
     Route.COMMUNICATION: "communication",
     Route.CUSTOM_OP: "custom op",
     Route.CUSTOM_KERNEL: "custom kernel",
+    Route.CPU_FALLBACK: "cpu fallback",
 }
 ROUTES = tuple(_NAMES.values())
 
@@ -105,6 +108,7 @@ class Profile:
     calls: Counter = field(default_factory=Counter)  # route -> calls
     by_op: dict = field(default_factory=dict)  # op name -> {route: (calls, seconds)}
     result: object = None  # what the profiled function returned
+    copy_s: float = 0.0  # of the "cpu fallback" time: seconds spent copying to the host and back
 
     @property
     def outside(self) -> float:
@@ -116,6 +120,7 @@ class Profile:
             "opset": self.opset,
             "wall_s": self.wall,
             "outside_s": self.outside,
+            "copy_s": self.copy_s,
             "routes": {r: {"calls": self.calls[r], "seconds": self.seconds.get(r, 0.0)} for r in ROUTES},
             "ops": [
                 {
@@ -137,6 +142,8 @@ class Profile:
             lines.append(
                 f"  {r:12} {self.calls[r]:>8} {s * 1e3:>10.2f} {100 * s / self.wall if self.wall else 0:>6.1f}%"
             )
+        if self.copy_s:  # (part of the cpu fallback row above)
+            lines.append(f"  {'  copying':12} {'':>8} {self.copy_s * 1e3:>10.2f}  of cpu fallback")
         lines.append(
             f"  {'outside':12} {'':>8} {self.outside * 1e3:>10.2f} "
             f"{100 * self.outside / self.wall if self.wall else 0:>6.1f}%"
@@ -167,13 +174,14 @@ class Profile:
         return "\n".join(lines)
 
 
-def profile(fn, *args, opset="core_aten", **kwargs) -> Profile:
+def profile(fn, *args, opset="core_aten", on_unsupported="fallthrough", **kwargs) -> Profile:
     """Run ``fn(*args, **kwargs)`` under the mode for ``opset`` and return a :class:`Profile`.
 
     Ops with no path to the opset run natively (``on_unsupported="fallthrough"``) so
-    the whole program runs and every such op is listed, not just the first.
+    the whole program runs and every such op is listed, not just the first; on an
+    accelerator, ``on_unsupported="cpu"`` runs them on the CPU tier and times its copies.
     """
-    mode = _TimedMode(opset, on_unsupported="fallthrough")
+    mode = _TimedMode(opset, on_unsupported=on_unsupported)
     t0 = time.perf_counter()
     with mode:
         result = fn(*args, **kwargs)
@@ -187,7 +195,8 @@ def profile(fn, *args, opset="core_aten", **kwargs) -> Profile:
         calls[route] += n
         by_op[str(op)][route] = (n, s)
     name = mode.opset.name or f"custom ({len(mode.opset)} ops)"
-    return Profile(mode.report(), name, wall, dict(seconds), calls, dict(by_op), result)
+    copy_s = sum(s for _, _, s in mode.runtime.stats.traffic().values())
+    return Profile(mode.report(), name, wall, dict(seconds), calls, dict(by_op), result, copy_s)
 
 
 def profile_script(path: str, argv=(), opset="core_aten") -> Profile:

@@ -33,6 +33,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 __all__ = ["Corpus", "load_corpus", "passes_through", "ModelCoverage", "analyse_models", "TARGETS", "LEGACY_NAMES"]
 
 TARGETS = (50, 80, 90, 100)
@@ -105,6 +107,9 @@ class ModelCoverage:
         self._blockers: dict = {}
         self.blockers = {m: self._model_blockers(spec["ops"]) for m, spec in corpus.models.items()}
         self.status = {m: self._status(b) for m, b in self.blockers.items()}
+        # with the CPU tier (on_unsupported="cpu"): the ops a model calls that would run there, or
+        # the first that cannot (a view, a random op: eagerdecomp.runtime.host), per model not running
+        self.on_cpu = {m: self._on_cpu(spec["ops"]) for m, spec in corpus.models.items() if self.status[m] != "runs"}
 
     # -- per op ---------------------------------------------------------------------------------
     def runs(self, op: str) -> bool:
@@ -162,6 +167,19 @@ class ModelCoverage:
     # -- per model ------------------------------------------------------------------------------
     def _model_blockers(self, ops) -> frozenset:
         return frozenset().union(*[self.op_blockers(op) for op in ops if not self.runs(op) and not passes_through(op)])
+
+    def _on_cpu(self, ops) -> tuple:
+        """``(ops the tier would run, None)`` or ``(ops, (op, why))`` for the first it refuses."""
+        calls = sorted(op for op in ops if not self.runs(op) and not passes_through(op))
+        for op in calls:
+            why = _tier_refusal(op)
+            if why is not None:
+                return calls, (op, why)
+        return calls, None
+
+    def with_cpu_tier(self) -> int:
+        """Models that run with the CPU tier on (those that run without it included)."""
+        return sum(1 for m in self.status if m not in self.on_cpu or self.on_cpu[m][1] is None)
 
     def _status(self, blockers) -> str:
         if not blockers:
@@ -226,7 +244,8 @@ class ModelCoverage:
         c = self.counts()
         return (
             f"{self.cov.opset.name or 'custom opset'}: {self.corpus.name}: {len(self.status)} models: "
-            f"{c['runs']} run ({self.share():.1f}%), {c['blocked']} blocked, {c['undetermined']} undetermined"
+            f"{c['runs']} run ({self.share():.1f}%), {c['blocked']} blocked, {c['undetermined']} undetermined; "
+            f"with the CPU tier {self.with_cpu_tier()} run"
         )
 
     def to_dict(self, top: int = 10, targets=TARGETS) -> dict:
@@ -236,6 +255,7 @@ class ModelCoverage:
             "meta": self.corpus.meta,
             "counts": self.counts(),
             "share": round(self.share(), 2),
+            "with_cpu_tier": self.with_cpu_tier(),
             "families": {f: {"runs": r, "models": n} for f, (r, n) in self.families().items()},
             "implement_next": [{"op": op, "unlocks": a, "needed_by": n} for op, a, n in self.implement_next(top)],
             "targets": {str(t): self.ops_for(t) for t in targets},
@@ -244,6 +264,7 @@ class ModelCoverage:
                     "family": self.corpus.models[m]["family"],
                     "status": self.status[m],
                     "blockers": sorted(self.blockers[m]),
+                    "cpu_tier": _tier_dict(self.on_cpu.get(m)),
                 }
                 for m in sorted(self.status)
             },
@@ -262,13 +283,42 @@ class ModelCoverage:
             lines.append(f"  {t:g}%: {len(ops)} ops" + (f": {', '.join(ops)}" if ops else ""))
         if show_models:
             width = max(map(len, self.status), default=10)
-            lines += ["", "Models:"]
+            lines += ["", "Models (CPU tier: with on_unsupported='cpu', the ops that would run there):"]
             for m in sorted(self.status, key=lambda m: (self.corpus.models[m]["family"], m)):
                 b = self.blockers[m]
                 lines.append(
-                    f"  {m:{width}}  {self.status[m]:12}" + (f"  blocked by {', '.join(sorted(b))}" if b else "")
+                    f"  {m:{width}}  {self.status[m]:12}  {_tier_cell(self.on_cpu.get(m)):22}"
+                    + (f"  blocked by {', '.join(sorted(b))}" if b else "")
                 )
         return "\n".join(lines)
+
+
+def _tier_refusal(name: str) -> str | None:
+    """Why the CPU tier would refuse the op ``name`` on a device with its own generator, or None."""
+    from eagerdecomp.ops.schema import op_from_name
+    from eagerdecomp.runtime.host import schema_refusal
+
+    op = op_from_name(name)
+    if not isinstance(op, torch._ops.OpOverload):
+        return "not an op of this torch"
+    why = schema_refusal(op)
+    if why is None and torch.Tag.nondeterministic_seeded in op.tags:
+        why = "it draws random numbers (the tier runs it only where the device's generator is the CPU's)"
+    return why
+
+
+def _tier_cell(entry) -> str:
+    if entry is None:
+        return "-"
+    ops, refused = entry
+    return f"runs, {len(ops)} on CPU" if refused is None else f"refuses {refused[0]}"
+
+
+def _tier_dict(entry):
+    if entry is None:
+        return None
+    ops, refused = entry
+    return {"runs": refused is None, "ops": ops, "refused": list(refused) if refused else None}
 
 
 def analyse_models(cov, corpus=None) -> ModelCoverage:

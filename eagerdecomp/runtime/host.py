@@ -46,7 +46,7 @@ from eagerdecomp.runtime.exact import reference, refused
 from eagerdecomp.runtime.observe import log
 from eagerdecomp.runtime.stats import Route
 
-__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of"]
+__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of", "schema_refusal"]
 
 ENV_OPS = "EAGERDECOMP_CPU_FALLBACK_OPS"
 ENV_DENY = "EAGERDECOMP_CPU_FALLBACK_DENY"
@@ -68,6 +68,12 @@ RULES = (
         "it makes a tensor use another storage (the set_ family), and a host storage cannot be a device tensor's",
     ),
 )
+
+
+def schema_refusal(op) -> str | None:
+    """Why the tier never runs ``op`` on any device (:data:`RULES`), or None."""
+    return next((why for test, why in RULES if test(op)), None)
+
 
 _tokens = itertools.count(1)  # one per tier: a C++ program runs only for the tier that installed it
 
@@ -118,9 +124,9 @@ class HostTier:
             return f"it is in {ENV_DENY}"
         if self.ops and not _listed(op, self.ops):
             return f"it is not in {ENV_OPS}"
-        for test, why in RULES:
-            if test(op):
-                return why
+        why = schema_refusal(op)
+        if why is not None:
+            return why
         if torch.Tag.nondeterministic_seeded in op.tags and not self._draws_from_cpu(device):
             return (
                 f"it draws random numbers, and {device.type}'s generator is not the CPU's: the CPU kernel "

@@ -168,10 +168,18 @@ def test_cli_models_table_and_json(toy, tmp_path, monkeypatch, capsys):
     got = json.loads(out.read_text())["corpora"][0]
     expected = analyse_models(cov.analyse(toy, [B]), load_corpus(path))
     assert got["counts"] == expected.counts() and got["targets"]["50"] == expected.ops_for(50) == [D, G]
-    assert got["models"]["needs-d-and-unknown"] == {"family": "y", "status": "blocked", "blockers": [D, UNKNOWN]}
+    model = got["models"]["needs-d-and-unknown"]
+    assert {k: model[k] for k in ("family", "status", "blockers")} == {
+        "family": "y",
+        "status": "blocked",
+        "blockers": [D, UNKNOWN],
+    }
+    # (the toy's ops are not torch's: the CPU tier could not run them either)
+    assert model["cpu_tier"]["runs"] is False and model["cpu_tier"]["refused"][1] == "not an op of this torch"
     assert main(["coverage", "--opset-file", str(ops_file), "--models", "--corpus", str(path), "--target", "50"]) == 0
     text = capsys.readouterr().out
-    assert "6 models: 1 run (16.7%), 4 blocked, 1 undetermined" in text and f"50%: 2 ops: {D}, {G}" in text
+    tier = f"with the CPU tier {expected.with_cpu_tier()} run"
+    assert f"6 models: 1 run (16.7%), 4 blocked, 1 undetermined; {tier}" in text and f"50%: 2 ops: {D}, {G}" in text
 
 
 # -- against reality -------------------------------------------------------------------------------
@@ -267,3 +275,12 @@ def test_record_writes_a_corpus_the_analysis_reads(tmp_path, monkeypatch):
     assert lenet["aten.tanh.default"] == 2 and lenet["aten.tanh_backward.default"] == 2
     assert "aten.convolution_backward.default" in lenet and "aten.addcdiv_.default" in lenet
     assert not list((tmp_path / "cache" / "coverage").glob("record-*.jsonl"))  # the checkpoint is gone once written
+
+
+def test_cpu_tier_column_by_the_tiers_rules():
+    from eagerdecomp.coverage.models import _tier_refusal
+
+    assert _tier_refusal("aten.linalg_eigh.default") is None
+    assert "alias an input" in _tier_refusal("aten.t.default")
+    assert "random" in _tier_refusal("aten.bernoulli.p")
+    assert "in-place view" in _tier_refusal("aten.as_strided_.default")

@@ -283,3 +283,13 @@ def test_argument_rules():
 
     assert "subclass" in host._argument_refusal((torch.randn(2).as_subclass(Sub),), {})
     assert host._argument_refusal((torch.randn(2), torch.nn.Parameter(torch.randn(2))), {}) is None
+
+
+def test_profile_shows_the_copy_time():
+    from eagerdecomp.profile import profile
+
+    x = torch.randn(64, 64).to(DEV)
+    p = profile(torch.mul, x, 2.0, opset=NARROW, on_unsupported="cpu")
+    assert p.calls["cpu fallback"] == 1 and 0 < p.copy_s <= p.seconds["cpu fallback"]
+    assert "copying" in str(p)
+    same(torch.mul(x.cpu(), 2.0), p.result)
