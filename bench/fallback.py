@@ -87,7 +87,13 @@ def main() -> None:
     table = Table(
         "The CPU tier per call vs at::native::cpu_fallback (edref, 1 thread)",
         ["op", "native CPU (us)", "cpu_fallback (us)", "tier direct (us)", "tier / cpu_fallback", "switch (us)"],
-        formats={1: "{:.1f}", 2: "{:.1f}", 3: "{:.1f}", 4: "{:.2f}x", 5: "{:.1f}"},
+        formats={
+            "native CPU (us)": "{:.1f}",
+            "cpu_fallback (us)": "{:.1f}",
+            "tier direct (us)": "{:.1f}",
+            "tier / cpu_fallback": "{:.2f}x",
+            "switch (us)": "{:.1f}",
+        },
     )
     for name, op, args, user in cases(8, 64):
         dargs = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in args)
