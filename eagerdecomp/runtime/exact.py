@@ -244,10 +244,13 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     """
     if refuse:
         check(func, args, kwargs)
+    on_host = None  # a call on the switch's device: eager's layout on the CPU if the op has no meta kernel
     if mode is None:
         tensors = flat_tensors(args, kwargs)
         mode = new_fake_mode(tensors=tensors)
         fakes = [mode.from_tensor(t) for t in tensors]
+        if not real_kernels_ok(tensors):
+            on_host = tensors
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
@@ -261,7 +264,7 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
     except _NO_META:
-        return None
+        return None if on_host is None or func._schema.is_mutable else _host_reference(func, args, kwargs, on_host)
     except AssertionError as e:
         # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
         # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message;
@@ -282,6 +285,46 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     if like_functional and len(before) == len(outs) and any(b != o.shape for b, o in zip(before, outs)):
         outs = _functional_strides(func, fargs, fkwargs, outs, before, mode)
     return _Ref(outs, fakes)
+
+
+def _host_reference(func, args, kwargs, tensors):
+    """Eager's output layout for a functional op with no meta kernel, called on the switch's
+    device: its CPU kernel run on zeros (FakeTensorMode's fallback) over stand-ins with the
+    tensors' layouts, moved back to their device; None if that cannot run.
+
+    NOTE: on the device the fallback kernel is our own (:func:`real_kernels_ok`), so without
+    this such an op (``geqrf``, whose LAPACK result is column-major) had no layout to be held
+    to, and a decomposition's row-major result went through. The CPU kernel's layout is the one
+    edref and PyTorch's device-generic tests expect; it is not taken as a refusal (zeros can
+    fail where the call's values do not: a Cholesky of a zero matrix).
+    """
+    mode = new_fake_mode()  # (no device tensors: the real kernels may run)
+    cpu = torch.device("cpu")
+    host = {id(t): t.device for t in tensors if t.device.type != "cpu"}
+    if not host:
+        return None
+    try:
+        with _disable_current_modes():
+            fakes = [
+                FakeTensor(mode, torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"), cpu)
+                for t in tensors
+            ]
+        it = iter(fakes)
+        fargs = swap_tensors(args, it)
+        fkwargs = {k: (cpu if k == "device" and v is not None else swap_tensors(v, it)) for k, v in kwargs.items()}
+        with quiet(), mode:
+            out = func(*fargs, **fkwargs)
+        device = next(iter(host.values()))
+        with _disable_current_modes():
+            outs = [
+                FakeTensor(mode, torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device="meta"), device)
+                if isinstance(o, torch.Tensor)
+                else o
+                for o in tree_flatten(out)[0]
+            ]
+    except Exception:  # noqa: BLE001 - no layout to hold the decomposition to, as before
+        return None
+    return _Ref(outs, [])
 
 
 def _refused_by_the_op_itself(e) -> bool:

@@ -14,7 +14,8 @@ Classes (:data:`CLASSES`):
               (a view, an in-place view, the set_ family), with its clear error;
 ``unsupported`` any other UnsupportedOpError where eager gives a result;
 ``wrong``     a silently different answer;
-``error``     any other exception.
+``error``     any other exception;
+``skipped``   a sparse or other non-strided input: edref, like Core ATen, has strided tensors only.
 
 ``python -m tests.conformance.device --summary`` writes ``reports/conformance-edref.md`` from
 the rows ``tests/conformance/test_device_tier.py`` wrote.
@@ -55,7 +56,7 @@ from .harness import (
 
 __all__ = ["CLASSES", "run_device_sample", "rows_dir", "summary"]
 
-CLASSES = ("pass", "refused", "unsupported", "wrong", "error")
+CLASSES = ("pass", "refused", "unsupported", "wrong", "error", "skipped")
 ROOT = Path(__file__).resolve().parents[2]
 _VIEW_REASONS = tuple(why for _, why in RULES)
 
@@ -113,6 +114,8 @@ def _versions(tensors) -> list:
 
 
 def run_device_variant(fn, sample_args, variant, dev, make_out=None, values: bool = True) -> Outcome:
+    if any(not _is_plain(t) for t in _tensors(sample_args)):
+        return Outcome("skipped", variant, "a non-strided input (edref has strided tensors only)")
     nat_args = copy_args(sample_args)
     got_args = _to_device(copy_args(sample_args), dev)
     if "device" in got_args[2]:  # a factory: made on the device

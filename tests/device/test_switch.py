@@ -468,3 +468,14 @@ def test_info_says_what_is_loaded():
     assert r.returncode == 0, r.stderr
     assert re.search(r"^C\+\+ library +disabled$", r.stdout, re.M), r.stdout
     assert re.search(rf"^torch +{re.escape(torch.__version__)} ", r.stdout, re.M), r.stdout
+
+
+def test_an_op_without_a_meta_kernel_keeps_eagers_layout(enabled):
+    # geqrf has no meta kernel: on the device its layout comes from the CPU kernel on zeros
+    # (LAPACK's column-major), which the decomposition's row-major result is moved to
+    a = torch.randn(2, 5, 3)
+    q, tau = torch.geqrf(a.to(DEV))
+    qc, tauc = torch.geqrf(a)
+    assert q.stride() == qc.stride() == (15, 1, 5)
+    torch.testing.assert_close(q.cpu(), qc, rtol=1e-5, atol=1e-5)
+    assert_same(tauc, tau)
