@@ -219,7 +219,7 @@ class Runtime:
                 self.cache.discard(key)
                 raise
         error = UnsupportedOpError(func, entry.chain, entry.reason)
-        return self.unsupported(func, args, kwargs, error, cache, key)
+        return self.unsupported(func, args, kwargs, error, cache, keyed=True)
 
     def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
         """Install this key's C++ program; under compile=, once the compiler's verdict is in
@@ -408,9 +408,9 @@ class Runtime:
         self.stats.record(func, Route.EAGER, reason, cache)
         return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
 
-    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None, key=None):
+    def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None, keyed=False):
         """No path to the opset: the composite kernel (device switch), the CPU tier, an error, or
-        a native run. ``key``: the call's, when a C++ program may serve it next."""
+        a native run. ``keyed``: the call has a cache key, so a C++ program may serve it next."""
         composite = self.composites.get(func)
         if composite is not None and error.op is func:
             # NOTE: a taken-over op whose decomposition leads to an op with no path runs PyTorch's
@@ -418,10 +418,11 @@ class Runtime:
             # fake tensors (or lowering stopped before any real op), so nothing ran yet.
             self.stats.record(func, Route.COMPOSITE, error.reason, cache)
             return func._op_dk(composite, *args, **kwargs)
-        if self.host is not None and device_of(args, kwargs).type != "cpu":
-            out = self.host(self, func, args, kwargs, error, cache)
-            if key is not None and self.serves_device:  # later calls with this key: the C++ fallback's
-                hits.offer_host(self, func, device_of(args, kwargs))
+        device = device_of(args, kwargs) if self.host is not None else None
+        if device is not None and device.type != "cpu":
+            out = self.host(self, func, args, kwargs, error, cache, device)
+            if keyed and self.serves_device:  # later calls with this key: the C++ fallback's
+                hits.offer_host(self, func, device)
             return out
         if self.on_unsupported == "error":
             self.stats.record(func, Route.UNSUPPORTED, error.reason, cache)

@@ -134,9 +134,8 @@ class HostTier:
             )
         return None
 
-    def __call__(self, runtime, func, args, kwargs, error: UnsupportedOpError, cache):
-        """Run ``func`` on the CPU for the device of its arguments, or raise why it may not."""
-        device = device_of(args, kwargs)
+    def __call__(self, runtime, func, args, kwargs, error: UnsupportedOpError, cache, device: torch.device):
+        """Run ``func`` on the CPU for ``device`` (of its arguments), or raise why it may not."""
         why = self.refusal(func, device) or _argument_refusal(args, kwargs)
         if why is not None:
             raise UnsupportedOpError(func, error.chain, f"{error.reason}; no CPU fallback: {why}") from None
