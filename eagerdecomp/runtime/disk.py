@@ -36,11 +36,11 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import itertools
 import os
 import pickle
 import shutil
 import sys
-import tempfile
 import threading
 import warnings
 import weakref
@@ -250,12 +250,14 @@ class Store:
     def _path(self, text: str, folder: Path | None = None) -> Path:
         return (folder or self.folder) / (hashlib.sha256(text.encode()).hexdigest()[:40] + ".pkl")
 
-    def _load(self, path: Path, kind: str):
-        """The whole entry at ``path`` (a dict), or None: missing, or unreadable (dropped)."""
+    def _load(self, path: Path, kind):
+        """The whole entry at ``path`` (a dict) of ``kind`` (or one of a tuple of kinds), or
+        None: missing, or unreadable (dropped)."""
+        kinds = kind if type(kind) is tuple else (kind,)
         try:
             with open(path, "rb") as f, quiet():  # unpickling torch objects may warn (deprecations)
                 entry = pickle.load(f)
-            if not (isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("kind") == kind):
+            if not (isinstance(entry, dict) and entry.get("format") == FORMAT and entry.get("kind") in kinds):
                 raise ValueError("written by another format")
         except FileNotFoundError:
             return None
@@ -292,27 +294,8 @@ class Store:
                 pass
 
     def _write(self, text: str, kind: str, make_data, path: Path | None = None) -> None:
-        try:
-            payload = _dumps({"format": FORMAT, "kind": kind, "key": text, "data": make_data()})
-        except Exception:  # noqa: BLE001 - a kernel that cannot be pickled stays in memory only
-            return
-        path = path or self._path(text)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pkl")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(payload)
-                os.replace(tmp, path)  # atomic: readers see the old entry or this one
-                self._wrote = True
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-        except OSError:
-            pass  # a read-only or full disk: the kernel stays in memory only
+        if _write_entry(path or self._path(text), text, kind, make_data):
+            self._wrote = True
 
     # -- kernels of exact keys -------------------------------------------------------------
     # NOTE: a key's entry names its kernel by content; the kernel is a file of its own. Many keys
@@ -376,38 +359,66 @@ class Store:
     # -- the C++ hit path's programs (eagerdecomp.runtime.hits) -------------------------------------
     # NOTE: a program is filed under the C++ table's own key words, whose layout is the C++
     # library's: each build has its folder (``lib`` names it), never read by another build.
-    # A program is written as it is made, a file of its own; at exit a process packs its
-    # folder into one file, which the next process reads whole before its first miss.
+    # Programs are made in bursts (every op of a step at a new length): they are kept in memory
+    # and written :data:`PROGRAM_BATCH` at a time, a loose file per batch (a file per program
+    # was half of the disk time of a step at a new length, profiled). At exit a process packs
+    # its folder into one file, which the next process reads whole before its first miss; a
+    # process killed before then loses its last batch, which costs the next process a
+    # specialization per key (its kernels are on disk), never a trace.
     def _programs(self, lib: str, folder: Path | None = None) -> Path:
         return (folder or self.folder) / f"programs-{lib}"
 
     def save_program(self, lib: str, entry: tuple) -> None:
-        """Write one program: ``(stack, op name, words, ...)``, filed by its first three."""
+        """Keep one program: ``(stack, op name, words, ...)``, filed by its first three; written
+        with the next batch."""
         folder = self._programs(lib)
-        self._write(repr(entry[:3]), "program", lambda: entry, self._path(repr(entry[:3]), folder))
+        key = repr(entry[:3])
+        with _pending_lock:
+            batch = _PENDING.setdefault(folder, {})
+            batch.pop(key, None)  # re-inserted: the newest come last
+            batch[key] = entry
+            full = len(batch) >= PROGRAM_BATCH
         with self._lock:
             self._new_programs.add(lib)
+        if full:
+            _write_batch(folder)
 
     def _read_programs(self, folder: Path) -> tuple:
-        """``({key text: program}, loose files)`` of one programs folder: its pack, then loose files."""
+        """``({key text: program}, loose files)`` of one programs folder: its pack, then loose
+        files (a program or a batch of them), then those this process has not written yet."""
         packed = self._load(folder / "pack", "pack")
         entries = {repr(e[:3]): e for e in (packed["data"] if packed else ())}
         loose = sorted(folder.glob("[!.]*.pkl")) if folder.is_dir() else []
         for path in loose:
-            entry = self._load(path, "program")
-            if entry is not None:
-                entries.pop(entry["key"], None)  # re-inserted: the newest come last
-                entries[entry["key"]] = entry["data"]
+            entry = self._load(path, ("program", "programs"))
+            if entry is None:
+                continue
+            for e in entry["data"] if entry["kind"] == "programs" else (entry["data"],):
+                key = repr(e[:3])
+                entries.pop(key, None)  # re-inserted: the newest come last
+                entries[key] = e
+        with _pending_lock:
+            pending = list(_PENDING.get(folder, {}).items())
+        for key, e in pending:
+            entries.pop(key, None)
+            entries[key] = e
         return entries, loose
 
     def load_programs(self, lib: str, pack: bool = False) -> list:
-        """Every program of ``lib``'s folder (the pack, then loose files), after the bundles'
-        (ours win); with ``pack``, also write ours as the new pack (the newest
-        :data:`MAX_PROGRAMS`) and remove the loose files."""
+        """Every program of ``lib``'s folder (the pack, then loose files and those not written
+        yet), after the bundles' (ours win); with ``pack``, also write ours as the new pack
+        (the newest :data:`MAX_PROGRAMS`) and remove the loose files."""
         folder = self._programs(lib)
+        if pack:
+            with _pending_lock:  # packed below with the rest: no batch of their own
+                pending = _PENDING.pop(folder, {})
         entries, loose = self._read_programs(folder)
+        if pack:
+            for key, e in pending.items():
+                entries.pop(key, None)
+                entries[key] = e
         own = list(entries.values())[-MAX_PROGRAMS:]
-        if pack and loose:
+        if pack and (loose or pending):
             self._write(lib, "pack", lambda: own, folder / "pack")
             for path in loose:  # (a program written since it was listed stays loose)
                 try:
@@ -458,11 +469,79 @@ class Store:
 
 MAX_PROGRAMS = 4096  # programs kept per library build and fingerprint (the newest)
 MAX_ENTRIES = int(os.environ.get("EAGERDECOMP_DISK_ENTRIES", "32768"))  # entry files per fingerprint
+PROGRAM_BATCH = 64  # programs kept in memory per folder before they are written
 _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+# programs folder -> {key text: program} not written yet (shared by the stores of one folder)
+_PENDING: dict = {}
+_pending_lock = threading.Lock()
+_made: set = set()  # folders this process made or found (each write need not ask again)
+_names = itertools.count()  # temporary and batch file names, unique in this process
+
+
+def _write_entry(path: Path, text: str, kind: str, make_data) -> bool:
+    """Write one entry to ``path`` atomically; False where it cannot be (memory only then)."""
+    try:
+        payload = _dumps({"format": FORMAT, "kind": kind, "key": text, "data": make_data()})
+    except Exception:  # noqa: BLE001 - a kernel that cannot be pickled stays in memory only
+        return False
+    parent = path.parent
+    for attempt in (0, 1):
+        try:
+            if parent not in _made or attempt:
+                parent.mkdir(parents=True, exist_ok=True)
+                _made.add(parent)
+            # NOTE: a name unique to this process and write, created exclusively: mkstemp's random
+            # names cost a third of a write, and its mode 0600 would hide a bundle's files
+            # from the other users it is shipped to (this one follows the umask)
+            tmp = parent / f".tmp-{os.getpid()}-{threading.get_ident()}-{next(_names)}.pkl"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # the folder was removed since (cache_clear(disk=True)): make it again
+            _made.discard(parent)
+            continue
+        except OSError:
+            return False  # a read-only or full disk: the kernel stays in memory only
+        try:
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(payload)
+                os.replace(tmp, path)  # atomic: readers see the old entry or this one
+                return True
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError:
+            return False
+    return False
+
+
+def _write_batch(folder: Path) -> None:
+    """Write the programs of ``folder`` not written yet, as one loose file."""
+    with _pending_lock:
+        batch = _PENDING.pop(folder, None)
+    if not batch:
+        return
+    name = f"batch-{os.getpid()}-{next(_names)}"
+    if not _write_entry(folder / f"{name}.pkl", name, "programs", lambda: list(batch.values())):
+        for key, e in batch.items():  # one that cannot be pickled: the others one by one
+            _write_entry(folder / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.pkl", key, "program", lambda e=e: e)
+
+
+def _write_pending() -> None:
+    with _pending_lock:
+        folders = list(_PENDING)
+    for folder in folders:
+        _write_batch(folder)
 
 
 @atexit.register
 def _pack_at_exit() -> None:
+    try:
+        _write_pending()  # (those of stores no longer alive too)
+    except Exception:  # noqa: BLE001
+        pass
     for store in list(_STORES):
         try:
             store.pack_programs()
@@ -481,15 +560,19 @@ def _before_fork() -> None:
     _FORK_HELD[:] = list(_STORES)
     for store in _FORK_HELD:
         store._lock.acquire()
+    _pending_lock.acquire()
 
 
 def _after_fork_in_parent() -> None:
+    _pending_lock.release()
     for store in _FORK_HELD:
         store._lock.release()
     _FORK_HELD.clear()
 
 
 def _after_fork_in_child() -> None:
+    global _pending_lock
+    _pending_lock = threading.Lock()
     for store in _FORK_HELD:
         store._lock = threading.Lock()
     _FORK_HELD.clear()
@@ -519,13 +602,17 @@ def store_for(opset, extra: dict) -> Store | None:
 
 
 def flush() -> None:
-    """Pack the programs every store of this process wrote (as at exit): a bundle builder's last step."""
+    """Write and pack the programs every store of this process made (as at exit): a bundle
+    builder's last step."""
     for store in list(_STORES):
         store.pack_programs()
+    _write_pending()
 
 
 def clear() -> None:
     """Remove every kernel written to disk (all fingerprints), and the compiled code Inductor
     keeps under our root for ``compile="inductor"`` (eagerdecomp.compiled)."""
+    with _pending_lock:
+        _PENDING.clear()
     shutil.rmtree(cache_dir("kernels"), ignore_errors=True)
     shutil.rmtree(cache_dir("inductor"), ignore_errors=True)

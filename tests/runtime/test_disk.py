@@ -337,3 +337,33 @@ def test_a_pruned_entry_is_traced_again(on_disk, kernels_only):
     ed.cache_clear()  # memory only: the disk has nothing left either
     row = _work()
     assert row.traces >= 1 and row.loaded == 0
+
+
+@needs_native
+def test_programs_are_written_in_batches_and_read_back_whole(on_disk, monkeypatch):
+    monkeypatch.setattr(disk, "PROGRAM_BATCH", 2)
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 5, generator=g) for n in (3, 4, 6, 7, 9)]
+    with ed.EagerDecompMode("core_aten"):
+        for x in xs:
+            F.silu(x)  # a new exact key each: a program each
+    folder = next(on_disk.rglob("programs-*"))
+    batches = sorted(folder.glob("batch-*.pkl"))
+    assert len(batches) == 2  # four programs written two at a time; the fifth is still in memory
+    import pickle
+
+    assert all(pickle.loads(p.read_bytes())["kind"] == "programs" for p in batches)
+    store = disk.store_for(ed.OpSet.coerce("core_aten"), {})
+    lib = folder.name.removeprefix("programs-")
+    assert len(store.load_programs(lib)) == 5  # the batches and the one not written yet
+    disk._write_pending()  # as at exit
+    assert len(sorted(folder.glob("batch-*.pkl"))) == 3 and not disk._PENDING
+    ed.cache_clear()  # memory only: as a new process would start
+    with ed.EagerDecompMode("core_aten") as mode:
+        for x in xs:
+            torch.testing.assert_close(F.silu(x), F.silu(x), rtol=0, atol=0)
+    assert ed.cache_info().preloaded >= 5 and mode.report().row(aten.silu.default).traces == 0
+    with ed.EagerDecompMode("core_aten"):
+        F.silu(torch.randn(11, 5))  # pending again
+    ed.cache_clear(disk=True)
+    assert not disk._PENDING  # what the disk forgot is not written later
