@@ -374,6 +374,7 @@ class Store:
         folder = self._programs(lib)
         key = repr(entry[:3])
         with _pending_lock:
+            _SAVED.add(folder)
             batch = _PENDING.setdefault(folder, {})
             batch.pop(key, None)  # re-inserted: the newest come last
             batch[key] = entry
@@ -474,6 +475,7 @@ _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 # programs folder -> {key text: program} not written yet (shared by the stores of one folder)
 _PENDING: dict = {}
 _pending_lock = threading.Lock()
+_SAVED: set = set()  # programs folders this process saved programs to
 _made: set = set()  # folders this process made or found (each write need not ask again)
 _names = itertools.count()  # temporary and batch file names, unique in this process
 
@@ -602,11 +604,15 @@ def store_for(opset, extra: dict) -> Store | None:
 
 
 def flush() -> None:
-    """Write and pack the programs every store of this process made (as at exit): a bundle
-    builder's last step."""
+    """Write and pack the programs every store of this process made, those of stores no longer
+    alive too (at exit, only live stores pack): a bundle builder's last step."""
+    with _pending_lock:
+        folders = {(f.parent, f.name.removeprefix("programs-")) for f in _SAVED}
+    for folder, lib in sorted(folders):
+        Store(folder).load_programs(lib, pack=True)
     for store in list(_STORES):
-        store.pack_programs()
-    _write_pending()
+        with store._lock:
+            store._new_programs.clear()
 
 
 def clear() -> None:
@@ -614,5 +620,6 @@ def clear() -> None:
     keeps under our root for ``compile="inductor"`` (eagerdecomp.compiled)."""
     with _pending_lock:
         _PENDING.clear()
+        _SAVED.clear()
     shutil.rmtree(cache_dir("kernels"), ignore_errors=True)
     shutil.rmtree(cache_dir("inductor"), ignore_errors=True)
