@@ -27,8 +27,9 @@ from torch.utils._pytree import tree_flatten
 from eagerdecomp.errors import MismatchError, TraceError, UnsupportedOpError
 from eagerdecomp.runtime.exact import (
     check_devices,
-    fakes_like,
+    fakes_of,
     finish_outputs,
+    metas_like,
     new_fake_mode,
     reference,
     refused,
@@ -209,11 +210,6 @@ def _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths) -> M
         return first
 
 
-def _symbolic_fakes(mode, tensors, layouts) -> list:
-    """Fakes of ``tensors`` (key order; the same object gives the same fake) with symbolic layouts."""
-    return fakes_like(mode, tensors, layouts)
-
-
 def _with_ints(args, kwargs, paths, syms):
     a, k = list(args), dict(kwargs)
     for (pos, i), sym in zip(paths, syms):
@@ -238,13 +234,17 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=())
         first.setdefault(id(t), i)
     made = dict(zip(first.values(), symbolic_layout(env, [(i, tensors[i]) for i in first.values()])))
     layouts = [made[first[id(t)]] for t in tensors]
-    ref_mode, guard_mode = new_fake_mode(env, tensors), new_fake_mode(env, tensors)
-    ref = reference(func, args, kwargs, ref_mode, _symbolic_fakes(ref_mode, tensors, layouts))
+    # NOTE: one fake mode and one set of metas serve the reference, the guard's placeholders and
+    # the trace, each with fakes of its own (made twice per trace, modes and metas were a
+    # quarter of a trace's set-up: FakeTensorMode() walks the Python stack, and a meta with
+    # symbolic sizes reasons about its layout in sympy)
+    metas = metas_like(tensors, layouts)
+    fake_mode = new_fake_mode(env, tensors)
+    ref = reference(func, args, kwargs, fake_mode, fakes_of(fake_mode, tensors, metas))
     if ref is None:
         raise NotGeneric("no meta kernel to check other shapes against")
-    placeholders = _symbolic_fakes(guard_mode, tensors, layouts)  # untouched by the call, for the guard
-    fake_mode = new_fake_mode(env, tensors)
-    fakes = _symbolic_fakes(fake_mode, tensors, layouts)
+    placeholders = fakes_of(fake_mode, tensors, metas)  # untouched by the call, for the guard
+    fakes = fakes_of(fake_mode, tensors, metas)
     finals: list = []
     kernel = _trace_once(
         func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode, fakes, env, finals, len(paths)
