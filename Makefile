@@ -45,7 +45,7 @@ check: install
 	$(PY) -m pytest -n $(TEST_JOBS) -m "not heavy" $(CHECK_TESTS) $(PYTEST_ARGS)
 
 # every runtime test file on the pure-Python path (no C++ key, no C++ hit path); make test runs a slice
-PARITY_TESTS ?= tests/test_mode.py tests/runtime/test_cache.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/runtime/test_lift_lists.py \
+PARITY_TESTS ?= tests/test_mode.py tests/runtime/test_bundle.py tests/runtime/test_cache.py tests/runtime/test_routes.py tests/runtime/test_lift.py tests/runtime/test_lift_lists.py \
 	tests/runtime/test_semantics.py tests/runtime/test_threads.py tests/runtime/test_family.py tests/runtime/test_disk.py tests/test_training.py
 parity: install
 	EAGERDECOMP_NO_EXT=1 $(PY) -m pytest $(PARITY_TESTS) $(PYTEST_ARGS)
@@ -127,6 +127,7 @@ bench: install
 	$(PY) bench/conformance.py --json bench/results/conformance.json
 	$(PY) bench/corpus.py --json bench/results/corpus.json
 	$(PY) bench/fallback.py --json bench/results/fallback.json
+	$(PY) bench/shapes.py --sections unseen,prompt,cold --json bench/results/shapes.json
 	$(PY) bench/key.py
 	$(PY) bench/compile.py
 
