@@ -80,7 +80,7 @@ conformance-edref: install
 	rm -rf reports/conformance-edref/rows
 	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SAMPLES=$(SAMPLES) $(PY) -m pytest \
 		tests/conformance/test_device_tier.py -q -n $(JOBS) $(PYTEST_ARGS); s=$$?; \
-		$(PY) -m tests.conformance.device --summary > /dev/null; exit $$s
+		$(PY) -m tests.conformance.device --summary > /dev/null || s=1; exit $$s
 
 # the OpInfo suite with compile="inductor": every OpInfo, capped at 2 samples per dtype (each
 # sample compiles its kernels), answered by the compiled code and compared with eager

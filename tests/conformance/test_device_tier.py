@@ -34,6 +34,28 @@ PARAMS = params() if FULL else params()[::SLICE_EVERY]
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
 ALLOWED = ("pass", "refused", "skipped")
 
+# OpInfo name -> (class, variants, why): what a device gets from PyTorch itself, not from us.
+# Strict in a full run: an entry that no sample of its test hits fails the test.
+KNOWN = {
+    "addbmm": (
+        "error",
+        ("inplace",),
+        "eager's addbmm_ resizes a broadcastable self in place (its out= path); the in-place rule refuses, "
+        "as under the mode (tests/conformance/xfail.py)",
+    ),
+    "mode": (
+        "error",
+        ("out",),
+        "PyTorch's own mode(out=) kernel refuses any device but CPU, CUDA and XPU: eager on a new device raises too",
+    ),
+    "native_batch_norm": (
+        "wrong",
+        ("fn", "out"),
+        "in eval, CPU returns empty saved statistics and other devices the running ones; PyTorch's decomposition "
+        "follows the non-CPU devices off the CPU",
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def switched():
@@ -53,14 +75,19 @@ def test_device_tier(opinfo, dtype, switched):
         warnings.simplefilter("ignore")
         samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype), limit))
     rows, problems = [], []
+    known = KNOWN.get(name)
     for i, sample in enumerate(samples):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outcomes = run_device_sample(opinfo, sample, switched)
         for o in outcomes:
-            rows.append(dict(dataclasses.asdict(o), test=f"{name}-{dname}", sample=i))
+            row = dict(dataclasses.asdict(o), test=f"{name}-{dname}", sample=i)
             if o.cls not in ALLOWED:
-                problems.append(f"sample {i} [{o.variant}] {o.cls}: {o.detail}")
+                if known is not None and o.cls == known[0] and o.variant in known[1]:
+                    row["known"] = known[2]
+                else:
+                    problems.append(f"sample {i} [{o.variant}] {o.cls}: {o.detail}")
+            rows.append(row)
     if FULL:
-        write_rows(f"{name}-{dname}", rows)
+        write_rows(f"{name}-{dname}", rows)  # (the summary fails on a KNOWN entry no row hit: stale)
     assert not problems, f"{name} at {dname} on {switched}:\n  " + "\n  ".join(problems[:20])
