@@ -369,22 +369,14 @@ class _Traces:
     """Kernels traced (exact and shape-generic, every runtime) while entered: ``.n``."""
 
     def __enter__(self):
-        from eagerdecomp.runtime import core
-
-        self.n, self.core, self.orig = 0, core, (core.trace, core.trace_family)
-
-        def counted(f):
-            def wrap(*a, **k):
-                self.n += 1
-                return f(*a, **k)
-
-            return wrap
-
-        core.trace, core.trace_family = counted(self.orig[0]), counted(self.orig[1])
+        self.start = ed.cache_info().traced
         return self
 
+    @property
+    def n(self) -> int:
+        return ed.cache_info().traced - self.start
+
     def __exit__(self, *exc):
-        self.core.trace, self.core.trace_family = self.orig
         return False
 
 
@@ -458,16 +450,7 @@ import torch
 torch.set_num_threads(1)
 import eagerdecomp as ed
 from eagerdecomp import workloads as W
-from eagerdecomp.runtime import core
 what, native = sys.argv[1], sys.argv[2] == "native"
-count = [0]
-orig = core.trace, core.trace_family
-def counted(f):
-    def wrap(*a, **k):
-        count[0] += 1
-        return f(*a, **k)
-    return wrap
-core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
 ctx = contextlib.nullcontext if native else (lambda: ed.EagerDecompMode("core_aten"))
 if what == "bert":
     model = W.bert()
@@ -491,7 +474,7 @@ with ctx():
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-        traced.append(count[0])
+        traced.append(ed.cache_info().traced)
 print(json.dumps({"first": times[0], "steady": statistics.median(times[1:]), "traced": traced[0]}))
 """
 

@@ -197,24 +197,11 @@ WORKLOADS = {
 
 def _traces(fn) -> int:
     """Kernels traced while ``fn`` runs (every runtime of the process)."""
-    from eagerdecomp.runtime import core
+    from eagerdecomp.runtime.cache import cache_info
 
-    count = [0]
-    orig = core.trace, core.trace_family
-
-    def counted(f):
-        def wrap(*a, **k):
-            count[0] += 1
-            return f(*a, **k)
-
-        return wrap
-
-    core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
-    try:
-        fn()
-    finally:
-        core.trace, core.trace_family = orig
-    return count[0]
+    before = cache_info().traced
+    fn()
+    return cache_info().traced - before
 
 
 def build(output, opset="core_aten", workloads=("demo", "bert", "llama"), dtypes=(torch.float32,), progress=print):

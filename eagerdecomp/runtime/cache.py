@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import cachetools
 
+from eagerdecomp.runtime.trace import traced
+
 __all__ = [
     "KernelCache",
     "Unsupported",
@@ -75,6 +77,7 @@ class CacheInfo:
     members: int = 0  # shape-generic kernels, over all families
     family_hits: int = 0  # exact-key misses answered by a shape-generic kernel
     preloaded: int = 0  # C++ programs installed from disk before a first miss (eagerdecomp.runtime.hits)
+    traced: int = 0  # kernels traced in this process, exact and shape-generic (never reset)
 
 
 class _Flight:
@@ -299,6 +302,7 @@ def cache_info() -> CacheInfo:
         members=sum(i.members for i in infos),
         family_hits=sum(i.family_hits for i in infos),
         preloaded=sum(i.preloaded for i in infos),
+        traced=traced(),
     )
 
 

@@ -10,6 +10,7 @@ the kernel eager-exact.
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import torch
@@ -51,7 +52,15 @@ from eagerdecomp.runtime.symbolic import (
     symbolic_layout,
 )
 
-__all__ = ["trace", "trace_family"]
+__all__ = ["trace", "trace_family", "traced"]
+
+_traces = itertools.count()  # traces started in this process (next() is atomic under the GIL)
+
+
+def traced() -> int:
+    """Traces started in this process, exact and shape-generic (``cache_info().traced``)."""
+    return _traces.__reduce__()[1][0]
+
 
 aten = torch.ops.aten
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -152,6 +161,7 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     :class:`LiftRefused` when its lifted floats change the graph, and
     :class:`UnsupportedOpError` when it has no path to ``opset``.
     """
+    next(_traces)
     check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
         ref, refusal = refused(reference(func, args, kwargs, refuse=True))
@@ -186,6 +196,7 @@ def trace_family(func, args: tuple, kwargs: dict, tensors: list, opset, table, l
     Raises :class:`NotGeneric` (or any error :func:`trace` raises) when it cannot make
     one: the caller then traces an exact-shape kernel.
     """
+    next(_traces)
     check_devices(func, tensors, args, kwargs)
     try:
         return _trace_family(func, args, kwargs, tensors, opset, table, lifted, paths)

@@ -47,17 +47,8 @@ BUILD = WORK + textwrap.dedent(
 USE = WORK + textwrap.dedent(
     """
     import sys
-    from eagerdecomp.runtime import core
-    count = [0]
-    orig = core.trace, core.trace_family
-    def counted(f):
-        def wrap(*a, **k):
-            count[0] += 1
-            return f(*a, **k)
-        return wrap
-    core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
     total = work("core_aten", [int(n) for n in sys.argv[1:]])
-    print(count[0], ed.cache_info().preloaded)
+    print(ed.cache_info().traced, ed.cache_info().preloaded)
     print(repr(total))
     """
 )
@@ -220,15 +211,6 @@ MODELS = textwrap.dedent(
     import eagerdecomp as ed
     from eagerdecomp import workloads as W
     from eagerdecomp.demo import TransformerBlock, train_step
-    from eagerdecomp.runtime import core
-    count = [0]
-    orig = core.trace, core.trace_family
-    def counted(f):
-        def wrap(*a, **k):
-            count[0] += 1
-            return f(*a, **k)
-        return wrap
-    core.trace, core.trace_family = counted(orig[0]), counted(orig[1])
     out = []
     torch.manual_seed(0)
     block = TransformerBlock(dropout=0.0)
@@ -243,7 +225,7 @@ MODELS = textwrap.dedent(
         out.append(float(train_step(block, opt, x, y)[1]))
         out += [float(W.bert_step(bert, bopt, b)) for b in batches]
         out.append(W.generate(llama, ids, 16).tolist())
-    print(count[0])
+    print(ed.cache_info().traced)
     print(repr(out))
     """
 )
