@@ -119,7 +119,7 @@ class _Host:
             self.tensors[id(x)] = (x, h)  # (x kept alive: its id stays its own)
             return h
 
-        return tree_map(back, tree)
+        return tree_map(back, tree, is_leaf=lambda x: isinstance(x, torch.Size))
 
 
 def _versions(tensors) -> list:
