@@ -688,18 +688,33 @@ class Table {
   }
 
   // ---- lookup and install ----
+  // NOTE: bounded as an approximate LRU in two generations: installs go to the young map; when it
+  // holds half the bound it becomes the old one and the old one is dropped; a key found in the old
+  // map moves back to the young one. A key used within the last half-bound of installs survives,
+  // so a server meeting new shapes all day keeps its hot keys in C++ (a dropped key comes back from
+  // Python's LRU at the cost of one specialization, never a trace).
   std::shared_ptr<const Program> find(const Key& k) {
-    std::shared_lock<std::shared_mutex> g(mu_);
-    auto it = map_.find(k);
-    return it == map_.end() ? nullptr : it->second;
+    {
+      std::shared_lock<std::shared_mutex> g(mu_);
+      auto it = young_.find(k);
+      if (it != young_.end()) return it->second;
+      if (old_.empty()) return nullptr;
+    }
+    std::unique_lock<std::shared_mutex> g(mu_);  // (an old hit: rare once the hot keys are young)
+    auto it = young_.find(k);  // (another thread may have moved it meanwhile)
+    if (it != young_.end()) return it->second;
+    auto old = old_.find(k);
+    if (old == old_.end()) return nullptr;
+    auto p = old->second;
+    old_.erase(old);
+    put(Key(k), p);
+    return p;
   }
 
   void insert(Key&& k, std::shared_ptr<const Program> p) {
     std::unique_lock<std::shared_mutex> g(mu_);
-    // NOTE: a cache of Python's cache: when full it starts over, and keys come back from
-    // Python's LRU at the cost of one specialization each (no trace)
-    if (map_.size() >= maxsize_) map_.clear();
-    map_[std::move(k)] = std::move(p);
+    old_.erase(k);
+    put(std::move(k), std::move(p));
   }
 
   void set_lift(const void* op, Lift lift) {
@@ -717,7 +732,8 @@ class Table {
 
   void clear() {
     std::unique_lock<std::shared_mutex> g(mu_);
-    map_.clear();
+    young_.clear();
+    old_.clear();
     total_->hits.store(0);
   }
 
@@ -726,15 +742,24 @@ class Table {
 
   size_t size() {
     std::shared_lock<std::shared_mutex> g(mu_);
-    return map_.size();
+    return young_.size() + old_.size();
   }
 
   PyTypeObject* parameter_ = nullptr;
 
  private:
+  // (held exclusively) the young generation full at half the bound: it ages, the old one goes
+  void put(Key&& k, std::shared_ptr<const Program> p) {
+    if (young_.size() >= std::max<size_t>(1, maxsize_ / 2)) {
+      old_ = std::move(young_);
+      young_ = {};
+    }
+    young_[std::move(k)] = std::move(p);
+  }
+
   size_t maxsize_;
   std::shared_mutex mu_;
-  std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> map_;
+  std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> young_, old_;
   std::unordered_map<const void*, std::shared_ptr<const Lift>> lifts_;
 };
 

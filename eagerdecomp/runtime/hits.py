@@ -10,8 +10,9 @@ entering Python at all. On a miss Python does what it always did (trace, or repl
 from its cache, or a shape-generic kernel) and then :func:`offer` installs the
 program for that key, so the next call with it stays in C++.
 
-The table is a cache of Python's cache: bounded (it starts over when full; keys
-return at the cost of one specialization, not a trace), cleared with it, and its
+The table is a cache of Python's cache: bounded as an approximate LRU (two generations
+of half the bound each: a key used since the younger one began survives; a dropped key
+returns at the cost of one specialization, not a trace), cleared with it, and its
 per-op hit counters are merged into the runtime's report. Kernels with no program
 (:class:`~eagerdecomp.program.NoProgram`: warnings to re-raise, sizes read from
 intermediates...) stay on Python replay, with the reason in the report
