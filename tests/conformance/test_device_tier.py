@@ -54,6 +54,18 @@ KNOWN = {
         "in eval, CPU returns empty saved statistics and other devices the running ones; PyTorch's decomposition "
         "follows the non-CPU devices off the CPU",
     ),
+    "nonzero_static": (
+        "wrong",
+        ("fn",),
+        "strides: PyTorch's meta kernel lays the result out column-major on every device but the CPU (CUDA's "
+        "layout), the CPU kernel row-major; off the CPU eagerdecomp holds results to the meta kernel",
+    ),
+    "norm.nuc": (
+        "wrong",
+        ("out",),
+        "version counter: torch.norm(p='nuc', out=) runs the CompositeImplicitAutograd linalg_matrix_norm(out=), "
+        "whose resize_output redispatches resize_ on any device but the CPU (one more bump, as eager there)",
+    ),
 }
 
 
