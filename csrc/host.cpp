@@ -90,6 +90,9 @@ at::Tensor host_twin(const at::Tensor& t, const Mirror* m) {
 }
 
 at::Tensor to_device(const at::Tensor& h, c10::Device device, Traffic& traffic) {
+  TORCH_CHECK(h.layout() == c10::kStrided, "the CPU tier's kernel returned a ", h.layout(),
+              " tensor; it copies strided results only (a device with strided tensors): expected a strided result. "
+              "Register a kernel for the op on the device, or deny it the tier (EAGERDECOMP_CPU_FALLBACK_DENY).");
   traffic.to_device += static_cast<int64_t>(h.nbytes());
   // NOTE: .to() keeps the strides of a dense tensor (preserve_format); others are rebuilt
   if (h.is_non_overlapping_and_dense()) return h.to(device);
