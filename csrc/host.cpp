@@ -89,10 +89,11 @@ at::Tensor host_twin(const at::Tensor& t, const Mirror* m) {
   return h;
 }
 
-at::Tensor to_device(const at::Tensor& h, c10::Device device, Traffic& traffic) {
-  TORCH_CHECK(h.layout() == c10::kStrided, "the CPU tier's kernel returned a ", h.layout(),
-              " tensor; it copies strided results only (a device with strided tensors): expected a strided result. "
-              "Register a kernel for the op on the device, or deny it the tier (EAGERDECOMP_CPU_FALLBACK_DENY).");
+at::Tensor to_device(const c10::OperatorHandle& op, const at::Tensor& h, c10::Device device, Traffic& traffic) {
+  TORCH_CHECK(h.layout() == c10::kStrided, op.schema().operator_name(), ": its CPU kernel returned a ", h.layout(),
+              " tensor, and the CPU tier copies strided results only (a device with strided tensors): expected a "
+              "strided result. Register a kernel for it on the device, or deny it the tier "
+              "(EAGERDECOMP_CPU_FALLBACK_DENY).");
   traffic.to_device += static_cast<int64_t>(h.nbytes());
   // NOTE: .to() keeps the strides of a dense tensor (preserve_format); others are rebuilt
   if (h.is_non_overlapping_and_dense()) return h.to(device);
@@ -281,12 +282,12 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
     };
     if (v.isTensor() && v.toTensor().defined()) {
       check(v.toTensor());
-      v = c10::IValue(to_device(v.toTensor(), device, traffic));
+      v = c10::IValue(to_device(op, v.toTensor(), device, traffic));
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> out;
       for (const at::Tensor& h : v.toTensorVector()) {
         check(h);
-        out.push_back(h.defined() ? to_device(h, device, traffic) : h);
+        out.push_back(h.defined() ? to_device(op, h, device, traffic) : h);
       }
       v = c10::IValue(c10::List<at::Tensor>(out));
     }

@@ -293,3 +293,9 @@ def test_profile_shows_the_copy_time():
     assert p.calls["cpu fallback"] == 1 and 0 < p.copy_s <= p.seconds["cpu fallback"]
     assert "copying" in str(p)
     same(torch.mul(x.cpu(), 2.0), p.result)
+
+
+def test_a_sparse_result_is_refused_with_the_op_named(tier):
+    tier()
+    with pytest.raises(RuntimeError, match=r"_to_sparse.*strided results only"):
+        torch.randn(2, 2).to(DEV).to_sparse()
