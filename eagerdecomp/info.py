@@ -46,6 +46,9 @@ def collect() -> dict:
         else "none (installed from a wheel)",
         "just-in-time build cache": (f"{cache} ({'built' if _holds_a_library(cache) else 'empty'})" if cache else None),
         "cache key builder": key.IMPLEMENTATION,
+        "C++ hit path / CPU tier": " / ".join(
+            "built" if lib is not None and hasattr(lib, part) else "not built" for part in ("hit", "host")
+        ),
         "reference device": f"{refdev.DEVICE_NAME} loaded"
         if refdev.is_loaded()
         else "not loaded (reference_device() loads it)",

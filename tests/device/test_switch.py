@@ -468,6 +468,7 @@ def test_info_says_what_is_loaded():
     assert r.returncode == 0, r.stderr
     assert re.search(r"^C\+\+ library +disabled$", r.stdout, re.M), r.stdout
     assert re.search(rf"^torch +{re.escape(torch.__version__)} ", r.stdout, re.M), r.stdout
+    assert re.search(r"^C\+\+ hit path / CPU tier +not built / not built$", r.stdout, re.M), r.stdout
 
 
 def test_an_op_without_a_meta_kernel_keeps_eagers_layout(enabled):
