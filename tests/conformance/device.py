@@ -47,12 +47,12 @@ from .harness import (
     _first_line,
     _float64_run,
     _is_plain,
-    _out_factory,
     _tensors,
     _Timer,
     compare_inputs,
     compare_outputs,
     copy_args,
+    out_maker,
 )
 
 __all__ = ["CLASSES", "run_device_sample", "rows_dir", "summary"]
@@ -244,18 +244,10 @@ def run_device_sample(opinfo, sample, dev) -> list:
     if opinfo.inplace_variant is not None:
         versions = not composite(opinfo, "inplace")
         results.append(run_device_variant(opinfo.inplace_variant, args, "inplace", dev, None, values, keep, versions))
-    if opinfo.supports_out:
-        try:
-            native = _call(opinfo.op, copy_args(args))
-        except Exception:  # noqa: BLE001
-            native = None
-        make = _out_factory(native) if native is not None else None
-        if make is not None:
-            results.append(
-                run_device_variant(
-                    opinfo.op, args, "out", dev, make, values, keep, versions=not composite(opinfo, "out")
-                )
-            )
+    make = out_maker(opinfo, args)
+    if make is not None:
+        versions = not composite(opinfo, "out")
+        results.append(run_device_variant(opinfo.op, args, "out", dev, make, values, keep, versions))
     return results
 
 

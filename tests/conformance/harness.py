@@ -551,6 +551,17 @@ def run_grad(fn, sample_args, process) -> Outcome | None:
 # -- one sample, every variant ----------------------------------------------------------
 
 
+def out_maker(opinfo, args):
+    """For an OpInfo with an out= variant whose sample runs natively: a maker of its out= tensors."""
+    if not opinfo.supports_out:
+        return None
+    try:
+        native = _call(opinfo.op, copy_args(args))
+    except Exception:  # noqa: BLE001 - eager refuses the sample: no out= to make
+        return None
+    return _out_factory(native)
+
+
 def _out_factory(native):
     """Zero-size out= tensors of the native outputs' dtypes: eager resizes them, no warning."""
     flat = native if isinstance(native, (tuple, list)) else (native,)
@@ -583,14 +594,9 @@ def run_sample(opinfo, sample, dtype, variants=VARIANTS) -> list:
         results.append(fn_outcome)
     if "inplace" in variants and opinfo.inplace_variant is not None:
         results.append(run_variant(opinfo.inplace_variant, args, "inplace", values=values))
-    if "out" in variants and opinfo.supports_out:
-        try:
-            native = _call(opinfo.op, copy_args(args))
-        except Exception:  # noqa: BLE001
-            native = None
-        make = _out_factory(native) if native is not None else None
-        if make is not None:
-            results.append(run_variant(opinfo.op, args, "out", make_out=make, values=values))
+    make = out_maker(opinfo, args) if "out" in variants else None
+    if make is not None:
+        results.append(run_variant(opinfo.op, args, "out", make_out=make, values=values))
     random = fn_outcome is not None and fn_outcome.random
     if (
         "grad" in variants
