@@ -299,3 +299,31 @@ def test_a_sparse_result_is_refused_with_the_op_named(tier):
     tier()
     with pytest.raises(RuntimeError, match=r"_to_sparse.*strided results only"):
         torch.randn(2, 2).to(DEV).to_sparse()
+
+
+def test_threads_share_the_tier(tier):
+    # the C++ path keeps no per-call state but the counters: four threads, one key, eager's answers
+    import threading
+
+    switch = tier()
+    mats = [SYM + i for i in range(4)]
+    want = [torch.linalg.eigh(m) for m in mats]
+    got, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            for _ in range(25):
+                got[i] = torch.linalg.eigh(mats[i].to(DEV))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for (L, Q), (Lc, Qc) in zip(got, want):
+        same(Lc, L)
+        same(Qc, Q)
+    assert switch.report().row(aten._linalg_eigh.eigenvalues).on_cpu == 100
