@@ -40,9 +40,10 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from eagerdecomp.errors import BackendError, UnsupportedOpError
+from eagerdecomp.errors import BackendError, UnknownOpError, UnsupportedOpError
+from eagerdecomp.ops.opset import resolve_op
 from eagerdecomp.runtime import library as _ext
-from eagerdecomp.runtime.exact import reference, refused
+from eagerdecomp.runtime.exact import flat_tensors, reference, refused
 from eagerdecomp.runtime.observe import log
 from eagerdecomp.runtime.stats import Route
 
@@ -78,18 +79,14 @@ def schema_refusal(op) -> str | None:
 _tokens = itertools.count(1)  # one per tier: a C++ program runs only for the tier that installed it
 
 
-def _names(value: str) -> frozenset:
-    """Op names of a list variable, each as ``ns::name`` or ``ns::name.overload``."""
-    out = set()
-    for item in filter(None, (s.strip() for s in value.split(","))):
-        item = item.replace("aten.", "aten::", 1) if item.startswith("aten.") else item
-        out.add(item if "::" in item else f"aten::{item}")
-    return frozenset(out)
-
-
-def _listed(op, names: frozenset) -> bool:
-    base = op._schema.name
-    return base in names or f"{base}.{op._overloadname}" in names
+def _ops(variable: str) -> frozenset:
+    """The overloads a list variable names (``linalg_eigh``, ``aten::_linalg_svd``, one overload
+    ``aten._linalg_eigh.eigenvalues``); an unknown name is an error naming the variable."""
+    names = [n for n in (s.strip() for s in os.environ.get(variable, "").split(",")) if n]
+    try:
+        return frozenset(o for n in names for o in resolve_op(n))
+    except UnknownOpError as e:
+        raise UnknownOpError(f"{variable}: {e}") from None
 
 
 class HostTier:
@@ -106,8 +103,7 @@ class HostTier:
         self._run = lib.host.run
         self._draws_from_cpu = lib.host.draws_from_cpu
         self.token = next(_tokens)
-        self.ops = _names(os.environ.get(ENV_OPS, ""))
-        self.deny = _names(os.environ.get(ENV_DENY, ""))
+        self.ops, self.deny = _ops(ENV_OPS), _ops(ENV_DENY)
         self._refusals: dict = {}  # (op, device type) -> why it may not run on the host, or None
         self._warned: set = set()
         self._lock = threading.Lock()
@@ -120,9 +116,9 @@ class HostTier:
         return self._refusals[k]
 
     def _decide(self, op, device) -> str | None:
-        if _listed(op, self.deny):
+        if op in self.deny:
             return f"it is in {ENV_DENY}"
-        if self.ops and not _listed(op, self.ops):
+        if self.ops and op not in self.ops:
             return f"it is not in {ENV_OPS}"
         why = schema_refusal(op)
         if why is not None:
@@ -163,17 +159,9 @@ class HostTier:
         return out
 
 
-def _tensors(args, kwargs):
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            yield from (y for y in x if isinstance(y, torch.Tensor))
-
-
 def device_of(args, kwargs) -> torch.device:
     """Where the results go: the first tensor off the CPU, else a ``device=`` argument."""
-    for t in _tensors(args, kwargs):
+    for t in flat_tensors(args, kwargs):
         if t.device.type != "cpu":
             return t.device
     for x in (*args, *kwargs.values()):
@@ -183,7 +171,7 @@ def device_of(args, kwargs) -> torch.device:
 
 
 def _argument_refusal(args, kwargs) -> str | None:
-    for t in _tensors(args, kwargs):
+    for t in flat_tensors(args, kwargs):
         if t.layout is not torch.strided:
             return f"an argument is a {t.layout} tensor; the tier copies strided tensors only"
         if t.is_quantized:

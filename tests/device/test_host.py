@@ -327,3 +327,10 @@ def test_threads_share_the_tier(tier):
         same(Lc, L)
         same(Qc, Q)
     assert switch.report().row(aten._linalg_eigh.eigenvalues).on_cpu == 100
+
+
+def test_an_unknown_name_in_a_list_is_an_error_naming_the_variable(tier):
+    from eagerdecomp.errors import UnknownOpError
+
+    with pytest.raises(UnknownOpError, match="EAGERDECOMP_CPU_FALLBACK_DENY: unknown op name 'linalg_eihg'"):
+        tier(EAGERDECOMP_CPU_FALLBACK_DENY="linalg_eihg")
