@@ -293,10 +293,11 @@ c10::IValue materialize(const Arg& a, const std::vector<c10::IValue>& slots) {
 }
 
 // Runs the program on `inputs`; returns its flat outputs.
-std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs) {
+// `counted`: a hit (false: Python answers the call and records it, the program only runs it).
+std::vector<c10::IValue> run(const Program& p, std::vector<c10::IValue>&& inputs, bool counted = true) {
   at::RecordFunction range(at::RecordScope::USER_SCOPE);  // a flag test unless a profiler runs
   if (range.isActive()) range.before(p.name.c_str());
-  p.total->hits.fetch_add(1, std::memory_order_relaxed);
+  if (counted) p.total->hits.fetch_add(1, std::memory_order_relaxed);
   std::vector<c10::IValue> slots(std::move(inputs));
   slots.resize(p.n_slots);
   torch::jit::Stack stack;
@@ -717,6 +718,12 @@ class Table {
     put(std::move(k), std::move(p));
   }
 
+  void erase(const Key& k) {
+    std::unique_lock<std::shared_mutex> g(mu_);
+    young_.erase(k);
+    old_.erase(k);
+  }
+
   void set_lift(const void* op, Lift lift) {
     auto p = lift.schema_index.empty() ? nullptr : std::make_shared<const Lift>(std::move(lift));
     std::unique_lock<std::shared_mutex> g(mu_);
@@ -919,7 +926,9 @@ bool run_python(const Program& p, const std::vector<c10::IValue>& inputs, std::v
 // ---- the mode's entry point ----------------------------------------------------------
 
 // The op's outputs on a hit, else MISS (Python's decompose goes on as without this table).
-py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle args, py::handle kwargs) {
+// `counts` null: run for Python, which has recorded the call (a shape family's new key, just
+// installed), uncounted; a compiled program is then a MISS.
+py::object answer(Table& table, Counts* counts, py::handle func, py::handle args, py::handle kwargs) {
   Call c;
   if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr()) || !table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) {
     return py::reinterpret_borrow<py::object>(g_miss);
@@ -929,12 +938,12 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   if (!p || p->host) return py::reinterpret_borrow<py::object>(g_miss);  // (host programs: the device's own)
   std::vector<c10::IValue> out;
   if (p->call || !p->direct.empty()) {  // counted once it answered: a MISS goes on to Python, which records the call
-    if (!run_python(*p, c.inputs, out)) return py::reinterpret_borrow<py::object>(g_miss);
-    counts.bump(*p);
+    if (!counts || !run_python(*p, c.inputs, out)) return py::reinterpret_borrow<py::object>(g_miss);
+    counts->bump(*p);
   } else {
-    counts.bump(*p);
+    if (counts) counts->bump(*p);
     py::gil_scoped_release nogil;  // the ops may take long, or call back into Python
-    out = run(*p, std::move(c.inputs));
+    out = run(*p, std::move(c.inputs), counts != nullptr);
   }
   if (p->list_out) {
     py::list l(out.size());
@@ -946,6 +955,23 @@ py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle a
   py::tuple t(out.size());
   for (size_t i = 0; i < out.size(); ++i) t[i] = to_python(out[i]);
   return std::move(t);
+}
+
+py::object mode_call(Table& table, Counts& counts, py::handle func, py::handle args, py::handle kwargs) {
+  return answer(table, &counts, func, args, kwargs);
+}
+
+py::object mode_run(Table& table, py::handle func, py::handle args, py::handle kwargs) {
+  return answer(table, nullptr, func, args, kwargs);
+}
+
+// Removes this call's key (a program whose outputs Python found wrong must not answer again).
+void mode_discard(Table& table, py::handle func, py::handle args, py::handle kwargs) {
+  Call c;
+  if (table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) {
+    finish(c);
+    table.erase(c.key);
+  }
 }
 
 // The words of a key after its op (kOp and the op's address, which only this process
@@ -1229,6 +1255,8 @@ void init(py::module_& m) {
         return t;
       }))
       .def("call", &mode_call)
+      .def("run", &mode_run)
+      .def("discard", &mode_discard)
       .def("install", &mode_install)
       .def("install_words", &install_words)
       .def("clear", &Table::clear)

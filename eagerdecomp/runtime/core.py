@@ -38,7 +38,17 @@ from eagerdecomp.runtime.exact import (
     same_strides,
     unalias,
 )
-from eagerdecomp.runtime.family import MAX_MEMBERS, Family, agrees, family_key, int_paths, read_ints, symint_positions
+from eagerdecomp.runtime.family import (
+    MAX_MEMBERS,
+    Family,
+    agrees,
+    audit,
+    family_key,
+    int_paths,
+    matches,
+    read_ints,
+    symint_positions,
+)
 from eagerdecomp.runtime.family import enabled as family_enabled
 from eagerdecomp.runtime.fwad import below_forward_ad
 from eagerdecomp.runtime.host import HostTier, device_of
@@ -185,7 +195,7 @@ class Runtime:
             if entry.ints:  # a shape-generic kernel's int arguments are inputs too
                 inputs = inputs + read_ints(entry.ints, args, kwargs)
             if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
-                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.ref, len(lifted))
+                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.member, len(lifted))
             elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
                 stats.record(func, Route.REPLAY, DISK, cache)
             else:
@@ -231,25 +241,34 @@ class Runtime:
                 return
         hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
 
-    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, ref, n_lifted):
+    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, member, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
-        against eager's meta kernel (already matched symbolically: this catches what symbolic
-        reasoning and the real kernels decide differently)."""
+        against the member's layout at these sizes (eager's: proved, or checked by the meta
+        kernel in :meth:`_from_family`): this catches a real kernel that returns another
+        layout than its meta kernel said while tracing."""
         self.stats.record(func, Route.REPLAY, FAMILY, "miss")
-        out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
-        flat = tree_flatten(out)[0]
-        if len(flat) == len(ref.outs) and all(
-            not isinstance(r, torch.Tensor) or (o.shape == r.shape and same_strides(r, o))
-            for o, r in zip(flat, ref.outs)
-        ):
+        out, installed = hits.MISS, None
+        if self.hits is not None and self.compiler is None and not self.serves_device and not profiling():
+            # NOTE: the key's program is installed first and runs this call in C++: a new exact
+            # key then costs its specialization, not a replay of the graph in Python
+            installed = hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, persist=False)
+            if installed is not None:
+                out = self.hits.run(func, args, kwargs)
+        if out is hits.MISS:
+            out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
+        if matches(member, tree_flatten(out)[0], tensors, read_ints(kernel.ints, args, kwargs)):
             store = self._store()
             if store is not None:  # checked here, so a later process loads it by key, unchecked
                 store.save_kernel(key, kernel)
-            if self.hits is not None:
+            if installed is not None:
+                hits.persist(self, installed)
+            elif self.hits is not None:
                 self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
+        if installed is not None:
+            self.hits.discard(func, args, kwargs)
         self.cache.discard(key)
         self.cache.set_family(self._tls.fkey, Family((), "replayed layout differed from eager's"))
         if func._schema.is_mutable:
@@ -282,12 +301,26 @@ class Runtime:
                 raise eager[0].error
             return eager[0]
 
+        found = []
+
         def find(members):
             for m in members:
                 if m.guard(tensors, ints):
-                    if agrees(m, tensors, ref(), ints):
-                        return m.kernel
-                    raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
+                    if m.unproven is None and not audit():
+                        check(func, args, kwargs)  # what eager refuses that no meta kernel says
+                    elif not agrees(m, tensors, ref(), ints):
+                        if m.unproven is None:
+                            raise _ProofFailed(
+                                f"{func}: a shape-generic kernel proved eager-exact for its family "
+                                f"(guard {m.guard.source}) disagrees with eager's meta kernel at "
+                                f"{[tuple(t.shape) for t in tensors]}; run with EAGERDECOMP_SHAPE_GENERIC=0 "
+                                "and report this"
+                            )
+                        raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
+                    if m.unproven is not None:
+                        self.stats.per_key_checks(func, m.unproven)
+                    found.append(m)
+                    return m.kernel
             return None
 
         def make():
@@ -296,6 +329,8 @@ class Runtime:
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
             if not member.guard(tensors, ints) or not agrees(member, tensors, ref(), ints):
                 raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
+            if member.unproven is not None:
+                self.stats.per_key_checks(func, member.unproven)
             log.info(
                 "%s: traced a shape-generic kernel in %.1f ms; guard: %s",
                 func,
@@ -311,6 +346,8 @@ class Runtime:
                 self.cache.adopt_family(fkey, Family(members))
         try:
             kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
+        except _ProofFailed as e:  # never hidden behind an exact-shape kernel
+            raise MismatchError(str(e)) from None
         except (EagerDecompError, Bypass, LiftRefused) as e:
             # NOTE: the exact trace decides what this call is (unsupported, bypassed...). The
             # family keeps exact-shape kernels from now on: a symbolic attempt per new shape
@@ -331,7 +368,7 @@ class Runtime:
                 store.save_members(fkey, family.members)
                 store.save_kernel(key, kernel)  # checked against eager at this key when traced
         else:
-            self._tls.answer, self._tls.ref, self._tls.fkey = FAMILY, ref(), fkey
+            self._tls.answer, self._tls.member, self._tls.fkey = FAMILY, found[-1], fkey
         return kernel
 
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
@@ -431,6 +468,10 @@ class Runtime:
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
+
+
+class _ProofFailed(Exception):
+    """A proved member disagrees with eager's meta kernel (seen only under EAGERDECOMP_AUDIT_PROOFS)."""
 
 
 def _resolve_decompositions(decompositions) -> dict:

@@ -54,7 +54,7 @@ from eagerdecomp.runtime.quiet import quiet
 
 __all__ = ["enabled", "Store", "store_for", "folder_name", "code_fingerprint", "flush", "clear"]
 
-FORMAT = 4  # bumped when the entry layout or what a key means changes: older entries then read as stale
+FORMAT = 5  # bumped when the entry layout or what a key means changes: older entries then read as stale
 _warned = threading.Event()  # one warning per process for unreadable entries
 
 
@@ -221,6 +221,7 @@ def _member_data(member) -> dict:
         "sources": dict(member.sources),
         "metas": member.metas,
         "shares": member.shares,
+        "unproven": member.unproven,
     }
 
 
@@ -228,7 +229,9 @@ def _member_from(data: dict):
     from eagerdecomp.runtime.family import Member
     from eagerdecomp.runtime.symbolic import Guard
 
-    return Member(_kernel_from(data["kernel"]), Guard(data["guard"]), data["sources"], data["metas"], data["shares"])
+    return Member(
+        _kernel_from(data["kernel"]), Guard(data["guard"]), data["sources"], data["metas"], data["shares"], data["unproven"]
+    )
 
 
 class Store:

@@ -8,12 +8,23 @@ value, ambient state. A family holds :class:`Member` kernels traced over symboli
 (:func:`eagerdecomp.trace.trace_family`), each with the :class:`~eagerdecomp.symbolic.Guard`
 of the shapes it admits.
 
-Eager-exactness for every admitted shape is checked, not assumed: the first time an
-exact key is answered by a member, the member's output metadata (shapes, strides,
-storage offsets as expressions of the input sizes) is evaluated at the call's sizes
-and compared with the op's own meta kernel run on the call (:func:`agrees`). A
-member that disagrees is never used again for its family; the family falls back to
-exact-shape kernels, and the reason is reported.
+Eager-exactness for every admitted shape is proved once or checked per key, never
+assumed. A member is *proved* when its trace shows that eager's meta kernel, run over
+the same symbols, returns the member's output metadata (shapes, strides, storage
+offsets as expressions of the input sizes) and aliasing, and took every decision on a
+size by a guard (so the member's :class:`~eagerdecomp.symbolic.Guard` holds them all; no
+``statically_known_true`` answered "unknown", :func:`~eagerdecomp.symbolic.unguarded`): at
+any shape the guard admits, eager's meta kernel then takes the same branches and returns
+the same expressions, evaluated. A proved member answers a new exact key with no meta
+kernel run. Otherwise (``Member.unproven`` says why, and the report shows it) the first
+time an exact key is answered by the member, its output metadata is evaluated at the
+call's sizes and compared with the op's own meta kernel run on the call (:func:`agrees`).
+A member that disagrees is never used again for its family; the family falls back to
+exact-shape kernels, and the reason is reported. Either way, the replayed outputs are
+compared with the member's metadata at the call's sizes (:func:`matches`): what the real
+kernels return, against what the symbolic trace said they would.
+``EAGERDECOMP_AUDIT_PROOFS=1`` checks proved members per key as well, and makes a
+disagreement an error (the tests run so).
 
 Calls that are kept to exact-shape kernels from the start (:func:`family_key` raises
 :class:`~eagerdecomp.symbolic.NotGeneric`): expanded tensors (a stride of 0) given to
@@ -25,6 +36,7 @@ and storage offset are symbols too. ``SymInt`` arguments (sizes) >= 2 are symbol
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -33,7 +45,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from eagerdecomp.runtime.key import Key
-from eagerdecomp.runtime.symbolic import NotGeneric, bindings, evaluate
+from eagerdecomp.runtime.symbolic import NotGeneric, bindings, compile_expr
 
 __all__ = [
     "enabled",
@@ -42,6 +54,8 @@ __all__ = [
     "family_key",
     "out_meta",
     "agrees",
+    "matches",
+    "audit",
     "MAX_MEMBERS",
     "symint_positions",
     "int_paths",
@@ -54,6 +68,11 @@ def enabled() -> bool:
     return os.environ.get("EAGERDECOMP_SHAPE_GENERIC", "1") != "0"
 
 
+def audit() -> bool:
+    """``EAGERDECOMP_AUDIT_PROOFS=1``: proved members are checked against the meta kernel per key too."""
+    return os.environ.get("EAGERDECOMP_AUDIT_PROOFS", "0") == "1"
+
+
 # a family that needs more members than this is specializing on sizes: exact kernels are cheaper
 MAX_MEMBERS = 8
 
@@ -64,7 +83,9 @@ class Member:
 
     ``sources``: ``{symbol: (tensor index, kind, dim)}``; ``metas``: per output, ``(shape,
     stride, offset)`` as ints or sympy expressions of the symbols (None for a non-tensor);
-    ``shares``: per output, whether eager's output shares memory with an input.
+    ``shares``: per output, whether eager's output shares memory with an input;
+    ``unproven``: why a new exact key is checked against eager's meta kernel, None where the
+    trace proved the member for every shape its guard admits.
     """
 
     kernel: object
@@ -72,6 +93,23 @@ class Member:
     sources: dict
     metas: tuple
     shares: tuple
+    unproven: str | None = "made before proofs"
+
+    @functools.cached_property
+    def _layout(self):
+        """Per output, ``(shape fns, stride fns, offset fn)`` of the values of :func:`bindings`."""
+        return tuple(
+            None if m is None else (tuple(map(compile_expr, m[0])), tuple(map(compile_expr, m[1])), compile_expr(m[2]))
+            for m in self.metas
+        )
+
+    def layout(self, tensors, ints=()) -> list:
+        """Per output, ``(shape, stride, offset)`` at these inputs' sizes (None for a non-tensor)."""
+        values = bindings(self.sources, tensors, ints)
+        return [
+            None if m is None else ([f(values) for f in m[0]], [f(values) for f in m[1]], m[2](values))
+            for m in self._layout
+        ]
 
 
 @dataclass(frozen=True)
@@ -235,26 +273,35 @@ def family_key(func, key: Key, tensors: list, paths: tuple = (), args=(), kwargs
     return Key(tuple(parts))
 
 
+def _same(layout, r, shares: bool) -> bool:
+    """Whether a tensor ``r`` has ``layout`` (:meth:`Member.layout`): its shape, the strides
+    of dimensions longer than 1 (the ones eager's checks read), its offset where it aliases."""
+    shape, stride, offset = layout
+    if shape != list(r.shape):
+        return False
+    if r.numel() > 1 and any(n > 1 and s != rs for n, s, rs in zip(shape, stride, r.stride())):
+        return False
+    return not shares or offset == r.storage_offset()
+
+
 def agrees(member: Member, tensors, ref, ints=()) -> bool:
     """Whether ``member``'s outputs at these inputs' sizes are eager's (``ref``: the op's meta
     kernel on this call, :func:`eagerdecomp.exact.reference`)."""
     if ref is None or len(ref.outs) != len(member.metas) or list(ref.shares) != list(member.shares):
         return False
-    values = bindings(member.sources, tensors, ints)
-    for meta, r, shares in zip(member.metas, ref.outs, member.shares):
-        if meta is None or not isinstance(r, torch.Tensor):
-            if (meta is None) != (not isinstance(r, torch.Tensor)):
+    return _all_same(member, member.layout(tensors, ints), ref.outs)
+
+
+def matches(member: Member, outs: list, tensors, ints=()) -> bool:
+    """Whether a replay's flat outputs ``outs`` are what ``member`` says at these sizes."""
+    return len(outs) == len(member.metas) and _all_same(member, member.layout(tensors, ints), outs)
+
+
+def _all_same(member, layouts, outs) -> bool:
+    for layout, r, shares in zip(layouts, outs, member.shares):
+        if layout is None or not isinstance(r, torch.Tensor):
+            if (layout is None) != (not isinstance(r, torch.Tensor)):
                 return False
-            continue
-        shape, stride, offset = meta
-        shape = [evaluate(e, values) for e in shape]
-        if shape != list(r.shape):
-            return False
-        if r.numel() > 1:
-            stride = [evaluate(e, values) for e in stride]
-            # only the strides of dimensions longer than 1 are significant, as eager's checks say
-            if any(n > 1 and s != rs for n, s, rs in zip(shape, stride, r.stride())):
-                return False
-        if shares and evaluate(offset, values) != r.storage_offset():
+        elif not _same(layout, r, shares):
             return False
     return True

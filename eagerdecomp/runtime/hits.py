@@ -39,7 +39,7 @@ from eagerdecomp.runtime.family import read_ints
 from eagerdecomp.runtime.lift import Each
 from eagerdecomp.runtime.program import NoProgram, Slot, specialize
 
-__all__ = ["MISS", "table_for", "offer", "offer_host", "enabled", "clear_for", "hits_for", "preload", "saver"]
+__all__ = ["MISS", "table_for", "offer", "persist", "offer_host", "enabled", "clear_for", "hits_for", "preload", "saver"]
 
 # C++ returns this object on a miss (the op's outputs are never it)
 MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
@@ -121,13 +121,15 @@ def _changed(key, tensors) -> bool:
     )
 
 
-def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None) -> None:
+def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None, persist=True):
     """``kernel`` just answered this call correctly: install its program for the call's key
     (the mode), or leave it for the device switch's C++ fallback to install. ``call``
     (compile=): the key's compiled code, which the program runs instead of its steps; such
-    programs are not written to disk (the next process compiles, from Inductor's cache)."""
+    programs are not written to disk (the next process compiles, from Inductor's cache).
+    ``persist=False``: installed to run this very call, not yet known correct; returns what
+    :func:`persist` writes once it is (None when nothing was installed)."""
     if key in runtime._no_program:
-        return
+        return None
     try:
         if torch.Tag.inplace_view in func.tags or _changed(key, tensors):
             # NOTE: squeeze_, t_, a resized out=... changed an argument's sizes: installing reads
@@ -138,13 +140,15 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0, call)
         if runtime.serves_device:
             runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
-            return
+            return None
         words = runtime.hits.install(func, args, kwargs, *program[1:6], call)
         if words is not None:
+            if not persist:
+                return words, program
             store = runtime._store() if call is None else None
             if store is not None:
                 _save(store, False, words, program)
-            return
+            return None
         reason = "an argument the C++ key does not take"
     except NoProgram as e:
         reason = str(e)
@@ -154,6 +158,14 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         runtime._no_program.clear()
     runtime._no_program[key] = None
     runtime.stats.python_replay(func, reason)
+    return None
+
+
+def persist(runtime, installed) -> None:
+    """Write a program :func:`offer` installed with ``persist=False`` (its call was right)."""
+    store = runtime._store()
+    if installed is not None and store is not None:
+        _save(store, False, *installed)
 
 
 def offer_host(runtime, func, device) -> None:

@@ -7,12 +7,14 @@ names its op and its arguments, each argument a constant or a :class:`Slot`
 (the call's inputs first: its tensors in key order, then its lifted floats;
 then each call's results, in order).
 
-Specializing is cheap, not a trace: a shape-generic kernel reads sizes
-(:func:`eagerdecomp.symbolic.size` ...) and does integer arithmetic on them in
-Python; both are evaluated once here at the key's concrete sizes and become
-constants. What cannot be specialized (a size read from an intermediate, an op
-returning a number, warnings to re-raise, outputs that are not tensors)
-raises :class:`NoProgram`, and the key stays on Python replay.
+Specializing is cheap, not a trace. A kernel's graph is walked once into a *plan*
+(kept on the kernel): its calls, with a :class:`_Hole` wherever a shape-generic kernel
+reads a size (:func:`eagerdecomp.symbolic.size` ...) or does integer arithmetic on sizes
+in Python; specializing to a key evaluates those few size steps at the key's concrete
+sizes and puts the numbers in the holes, so a shape family's new exact key costs
+microseconds, not a walk of the graph. What cannot be specialized (a size read from an
+intermediate, an op returning a number, warnings to re-raise, outputs that are not
+tensors) raises :class:`NoProgram`, and the key stays on Python replay.
 
 Example::
 
@@ -100,6 +102,15 @@ def _returns(op) -> str:
     return f"{op} returns {', '.join(sorted(kinds))}"
 
 
+class _Hole:
+    """A size value of a plan, filled at each key: ``plan.sizes[j]``'s result."""
+
+    __slots__ = ("j",)
+
+    def __init__(self, j: int):
+        self.j = j
+
+
 def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
     """``(calls, outputs, n_slots)`` for ``kernel`` at the key of ``tensors`` (and its ``ints``).
 
@@ -109,6 +120,57 @@ def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
     out= op (:mod:`eagerdecomp.overlap`: whether two tensors share memory is not in the key).
     ``outputs``: the slot number of each flat output. Raises :class:`NoProgram`.
     """
+    plan = kernel.plans.get((len(tensors), n_lifted))
+    if plan is None:
+        try:
+            plan = _plan(kernel, len(tensors), n_lifted)
+        except NoProgram as e:
+            plan = str(e)  # NOTE: a plan is data: the reason, not the exception (it holds frames)
+        kernel.plans[len(tensors), n_lifted] = plan
+    if type(plan) is str:
+        raise NoProgram(plan)
+    sizes, calls, holed, outputs, n_slots = plan
+    if not sizes:
+        return list(calls), outputs, n_slots
+    values: list = []
+    for step in sizes:  # in graph order: a step reads only earlier values
+        values.append(_size_step(step, tensors, ints, values))
+    calls = list(calls)
+    for c in holed:
+        calls[c] = _fill(calls[c], values)
+    return calls, outputs, n_slots
+
+
+def _size_step(step, tensors, ints, values):
+    kind, fn, args = step
+    if kind == "int":
+        return ints[args]
+    args = _fill(args, values)
+    return fn(tensors[args[0]], *args[1:]) if kind == "read" else fn(*args)
+
+
+def _fill(x, values):
+    t = type(x)
+    if t is _Hole:
+        return values[x.j]
+    if t is list or t is tuple:  # the plan's own containers (a constant's type is kept)
+        return t(_fill(y, values) for y in x)
+    if t is dict:
+        return {k: _fill(v, values) for k, v in x.items()}
+    return x
+
+
+def _has_hole(x) -> bool:
+    t = type(x)
+    if t is list or t is tuple:
+        return any(_has_hole(y) for y in x)
+    if t is dict:
+        return any(_has_hole(v) for v in x.values())
+    return t is _Hole
+
+
+def _plan(kernel, n_tensors: int, n_lifted: int) -> tuple:
+    """``(size steps, calls, indices of calls with holes, outputs, n_slots)``: the graph walked once."""
     if kernel.warnings:
         raise NoProgram("it re-raises warnings on replay")
     spec = kernel.spec
@@ -119,9 +181,9 @@ def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
         raise NoProgram("nested output structure")
     env: dict = {}
     calls: list = []
-    n = len(tensors) + n_lifted
+    sizes: list = []
+    n = n_tensors + n_lifted
     inputs = iter(range(n))
-    ints = list(ints)
 
     def value(x):
         if isinstance(x, fx.Node):
@@ -130,17 +192,21 @@ def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
             return (tuple if isinstance(x, tuple) else list)(value(y) for y in x)
         return x
 
-    def concrete(x) -> bool:
+    def sized(step) -> _Hole:
+        sizes.append(step)
+        return _Hole(len(sizes) - 1)
+
+    def known(x) -> bool:  # a constant or a size: not a value computed at run time
         if isinstance(x, Slot):
             return False
         if isinstance(x, (list, tuple)):
-            return all(concrete(y) for y in x)
+            return all(known(y) for y in x)
         return True
 
     for node in kernel.module.graph.nodes:
         if node.op == "placeholder":
             if node.name.startswith("i"):
-                env[node] = ints[int(node.name[1:])]
+                env[node] = sized(("int", None, int(node.name[1:])))
             else:
                 env[node] = Slot(next(inputs))
         elif node.op == "get_attr":
@@ -169,15 +235,16 @@ def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
             elif target is overlap._replay_check and all(isinstance(x, Slot) for x in (*args[1], *args[2])):
                 mask = sum(_RULES[r] for r in args[0])
                 calls.append(("check", mask, [x.i for x in args[1]], [x.i for x in args[2]]))
-            elif target in _READS and isinstance(args[0], Slot) and args[0].i < len(tensors):
-                env[node] = _READS[target](tensors[args[0].i], *args[1:])
-            elif target in _EVALUATED and concrete(args) and not kwargs:
-                env[node] = target(*args)
+            elif target in _READS and isinstance(args[0], Slot) and args[0].i < n_tensors and known(args[1:]):
+                env[node] = sized(("read", _READS[target], (args[0].i, *args[1:])))
+            elif target in _EVALUATED and known(args) and not kwargs:
+                env[node] = sized(("eval", target, args))
             else:
                 raise NoProgram(f"calls {getattr(target, '__name__', target)} on values known only at run time")
         elif node.op == "output":
             flat = value(node.args[0])
             if not all(type(o) is Slot for o in flat):
                 raise NoProgram("an output is not a tensor the program computes")
-            return calls, [o.i for o in flat], n
+            holed = tuple(i for i, c in enumerate(calls) if _has_hole(c))
+            return tuple(sizes), tuple(calls), holed, [o.i for o in flat], n
     raise NoProgram("the graph has no output")

@@ -23,7 +23,7 @@ class Kernel:
 
     # ints: paths of the int arguments a shape-generic kernel takes as inputs after the
     # tensors and lifted floats (eagerdecomp.family.int_paths); () for every other kernel
-    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups", "ints")
+    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups", "ints", "plans")
 
     def __init__(self, op, module, spec, warnings_=(), fixups=()):
         self.op = op
@@ -40,6 +40,7 @@ class Kernel:
         self.random = any("nondeterministic_seeded" in [t.name for t in op.tags] for op in self.leaf_ops)
         self.fixups = tuple(fixups)
         self.ints = ()
+        self.plans = {}  # eagerdecomp.program's straight-line plans of this graph, by input count
 
     def __call__(self, tensors: Sequence):
         flat = self.fn(*tensors)

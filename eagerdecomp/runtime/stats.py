@@ -65,6 +65,7 @@ class Stats:
         self.random = set()  # ops whose kernels draw random numbers
         self.by_value = set()  # ops whose float arguments had to be keyed by value
         self.exact_only: dict = {}  # op -> reasons some of its calls keep exact-shape kernels
+        self.unproven: dict = {}  # op -> why some of its shape families check each new key
         self.compile_s: dict = {}  # op -> seconds spent compiling its kernels
         self.uncompiled: dict = {}  # op -> reasons some of its kernels stay on replay
         self.python_only: dict = {}  # op -> reasons some of its keys have no C++ program
@@ -171,6 +172,13 @@ class Stats:
         with self._lock:
             self.uncompiled.setdefault(op, set()).add(reason)
 
+    def per_key_checks(self, op, reason: str) -> None:
+        """Note that a shape family of ``op`` is not proved: its new exact keys run eager's meta kernel."""
+        reasons = self.unproven.get(op)
+        if reasons is None or reason not in reasons:
+            with self._lock:
+                self.unproven.setdefault(op, set()).add(reason)
+
     def python_replay(self, op, reason: str) -> None:
         """Note that a key of ``op`` has no C++ program (stays on Python replay), and why."""
         reasons = self.python_only.get(op)
@@ -190,6 +198,7 @@ class Stats:
                 self._passed[op] = itertools.count()
             self.leaf_ops, self.fixups, self.random, self.by_value = {}, {}, set(), set()
             self.exact_only, self.compile_s, self.uncompiled, self.python_only = {}, {}, {}, {}
+            self.unproven = {}
             self.host = {}
         if self.hits is not None:
             self.hits.clear_counts()
@@ -217,6 +226,7 @@ class Stats:
             row.random = op in self.random
             row.by_value = op in self.by_value
             row.exact_shapes = sorted(self.exact_only.get(op, ()))
+            row.per_key_checks = sorted(self.unproven.get(op, ()))
             row.compile_s = self.compile_s.get(op, 0.0)
             row.not_compiled = sorted(self.uncompiled.get(op, ()))
             row.python_replay = sorted(self.python_only.get(op, ()))
@@ -251,6 +261,7 @@ class OpRow:
     family: int = 0  # hits answered by a shape-generic kernel for a new exact key
     loaded: int = 0  # hits answered by a kernel loaded from the persistent cache
     exact_shapes: list = field(default_factory=list)  # why some calls kept exact-shape kernels
+    per_key_checks: list = field(default_factory=list)  # why a shape family is not proved (see family.py)
     compiled: int = 0  # hits answered by a compiled kernel (compile=)
     compile_s: float = 0.0  # seconds spent compiling this op's kernels
     not_compiled: list = field(default_factory=list)  # why some of its kernels stay on replay (compile=)
@@ -352,6 +363,7 @@ class Report:
             if r.by_value:
                 notes.append("float args keyed by value")
             notes += [f"exact shapes: {why}" for why in r.exact_shapes]
+            notes += [f"checked per shape: {why}" for why in r.per_key_checks]
             if r.compiled:
                 notes.append(f"compiled x{r.compiled} ({r.compile_s:.2f} s to compile)")
             notes += [f"not compiled: {why}" for why in r.not_compiled]

@@ -22,8 +22,10 @@ Integer expressions are exact whatever their order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
+import threading
 
 import sympy
 import torch
@@ -38,6 +40,8 @@ __all__ = [
     "evaluate",
     "symbol_sources",
     "symbolic_ints",
+    "unguarded",
+    "compile_expr",
     "size",
     "stride",
     "offset",
@@ -118,6 +122,63 @@ def symbolic_ints(env, values: list) -> list:
         sym = env.create_symbol(v, source, dynamic_dim=DimDynamic.DYNAMIC)
         out.append(env.create_symintnode(sym, hint=v, source=source))
     return out
+
+
+# -- decisions no guard pins -----------------------------------------------------------
+
+_recording = threading.local()
+
+
+@functools.cache
+def _watch_static_decisions() -> None:
+    """Wrap the two functions every ``statically_known_true/false`` (Python's and C++'s) goes
+    through, so :func:`unguarded` sees the size conditions decided without a guard.
+
+    NOTE: the one place we patch PyTorch. Every other decision on a symbolic size (``bool()``,
+    ``guard_or_false``, ``torch._check``...) on our backed symbols becomes a guard, and so part
+    of a family's :class:`Guard`; a static query does not: it answers "not known" (False) for
+    a condition that a concrete size may make true, where eager's kernel takes the other branch.
+    The wrappers only read (and only in a thread inside :func:`unguarded`).
+    """
+    from torch.fx.experimental import symbolic_shapes as ss
+
+    static_eval, hint_disproves = ss._static_eval_sym_bool, ss._sym_node_hint_disproves
+
+    def _note(node) -> None:
+        env = getattr(_recording, "env", None)
+        if env is not None and getattr(node, "shape_env", None) is env:
+            _recording.notes.append(node.expr)
+
+    def _static_eval_sym_bool(x):
+        out = static_eval(x)
+        if out is None:
+            _note(x.node)
+        return out
+
+    def _sym_node_hint_disproves(node, target):
+        out = hint_disproves(node, target)
+        if out and getattr(_recording, "env", None) is not None:
+            from torch import SymBool
+
+            if static_eval(SymBool(node)) is None:  # false here, maybe true at another size
+                _note(node)
+        return out
+
+    ss._static_eval_sym_bool, ss._sym_node_hint_disproves = _static_eval_sym_bool, _sym_node_hint_disproves
+
+
+@contextlib.contextmanager
+def unguarded(env):
+    """Collect (into the yielded list) the conditions on ``env``'s symbols that code run in
+    this thread decided by static reasoning alone, without a guard: where a kernel's behaviour
+    at one size need not be its behaviour at another size its guard admits."""
+    _watch_static_decisions()
+    before = getattr(_recording, "env", None), getattr(_recording, "notes", None)
+    _recording.env, _recording.notes = env, []
+    try:
+        yield _recording.notes
+    finally:
+        _recording.env, _recording.notes = before
 
 
 # -- reading sizes at replay: plain functions, so nothing is dispatched ---------------------
@@ -262,6 +323,40 @@ def evaluate(e, values: dict) -> int:
     if isinstance(e, int):
         return e
     return int(e.xreplace({s: values[s.name] for s in e.free_symbols}))
+
+
+def compile_expr(e):
+    """``fn(values) -> int`` for an int or a sympy expression of input symbols: :func:`evaluate`
+    without sympy at each call (a new exact key of a family evaluates its output layout:
+    xreplace costs tens of microseconds an expression, this a few)."""
+    from torch.utils._sympy import functions as F
+
+    if isinstance(e, int) or e.is_Integer:
+        v = int(e)
+        return lambda values: v
+    if isinstance(e, sympy.Symbol):
+        name = e.name
+        return lambda values: values[name]
+    parts = [compile_expr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return lambda values: sum(p(values) for p in parts)
+    if isinstance(e, sympy.Mul) and not any(a.is_Rational and not a.is_Integer for a in e.args):
+        return lambda values: functools.reduce(operator.mul, (p(values) for p in parts))
+    ops = {
+        F.FloorDiv: lambda a, b: a // b,
+        F.CleanDiv: lambda a, b: a // b,
+        F.PythonMod: operator.mod,
+        F.Mod: operator.mod,
+        F.ModularIndexing: lambda a, b, c: (a // b) % c,
+        F.Max: max,
+        F.Min: min,
+    }
+    fn = ops.get(type(e))
+    if fn is None and isinstance(e, (F.PowByNatural, sympy.Pow)) and e.args[1].is_Integer and e.args[1] >= 0:
+        fn = operator.pow
+    if fn is None:  # anything else: sympy, exactly as evaluate
+        return lambda values: evaluate(e, values)
+    return lambda values: fn(*(p(values) for p in parts))
 
 
 class Guard:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import operator
 
+import sympy
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import (
@@ -50,6 +51,7 @@ from eagerdecomp.runtime.symbolic import (
     symbol_sources,
     symbolic_ints,
     symbolic_layout,
+    unguarded,
 )
 
 __all__ = ["trace", "trace_family", "traced"]
@@ -251,7 +253,8 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=())
     # symbolic sizes reasons about its layout in sympy)
     metas = metas_like(tensors, layouts)
     fake_mode = new_fake_mode(env, tensors)
-    ref = reference(func, args, kwargs, fake_mode, fakes_of(fake_mode, tensors, metas))
+    with unguarded(env) as undecided:
+        ref = reference(func, args, kwargs, fake_mode, fakes_of(fake_mode, tensors, metas))
     if ref is None:
         raise NotGeneric("no meta kernel to check other shapes against")
     placeholders = fakes_of(fake_mode, tensors, metas)  # untouched by the call, for the guard
@@ -267,7 +270,35 @@ def _trace_generic(func, args, kwargs, tensors, opset, table, scalars, paths=())
     metas = tuple(out_meta(env, o) for o in finals)
     storages = {StorageWeakRef(f.untyped_storage()) for f in fakes}
     shares = tuple(isinstance(o, torch.Tensor) and StorageWeakRef(o.untyped_storage()) in storages for o in finals)
-    return Member(kernel, guard, symbol_sources(env), metas, shares)
+    return Member(kernel, guard, symbol_sources(env), metas, shares, _unproven(env, ref, metas, shares, undecided))
+
+
+def _unproven(env, ref, metas, shares, undecided) -> str | None:
+    """Why this member cannot be proved eager-exact at every shape its guard admits; None when
+    it is: eager's meta kernel, run over the same symbols, decided nothing on a size without a
+    guard and returned the member's layout and aliasing, as expressions."""
+    if undecided:
+        return f"eager's meta kernel decided {undecided[0]} without a guard"
+    if list(ref.shares) != list(shares) or len(ref.outs) != len(metas):
+        return "its outputs alias inputs where eager's do not"
+    for r, m, aliases in zip(ref.outs, metas, shares):
+        e = out_meta(env, r)
+        if e is None or m is None:
+            if (e is None) != (m is None):
+                return "an output is a tensor where eager's is not"
+            continue
+        # NOTE: as eager's checks: the strides of dimensions that may be longer than 1, the
+        # offset of an output that aliases an input
+        pairs = list(zip(e[0], m[0])) + [(a, b) for n, a, b in zip(m[0], e[1], m[1]) if n != 1]
+        if aliases:
+            pairs.append((e[2], m[2]))
+        if len(e[0]) != len(m[0]) or not all(_equal(env, a, b) for a, b in pairs):
+            return "its output layout equals eager's only at some shapes"
+    return None
+
+
+def _equal(env, a, b) -> bool:
+    return a == b or env._maybe_evaluate_static(sympy.Eq(a, b)) == sympy.true
 
 
 def _guard_source(env, placeholders, ints) -> str:

@@ -5,7 +5,8 @@ Per OpInfo and dtype, the process-wide kernel cache is emptied, then the samples
 reverse order: a sample whose family already has a shape-generic kernel (traced on a
 later sample) replays it at its own shapes, where a shape-generic bug shows. Every
 outcome is classified and compared as in :mod:`test_opinfo` (same harness, same
-expected failures); a ``wrong`` outcome fails the test.
+expected failures); a ``wrong`` outcome fails the test. Proved families are audited
+(``EAGERDECOMP_AUDIT_PROOFS=1``): a proof eager's meta kernel contradicts fails it too.
 
 ``EAGERDECOMP_CONFORMANCE=full`` (``make conformance``) runs every OpInfo at every
 dtype on every sample; ``make test`` runs a slice: a stable ~1/8 of the OpInfos at one
@@ -40,7 +41,10 @@ def _cross_params() -> list:
 
 
 @pytest.mark.parametrize("opinfo,dtype", _cross_params())
-def test_cross_sample(opinfo, dtype):
+def test_cross_sample(opinfo, dtype, monkeypatch):
+    # a family proved eager-exact is checked against eager's meta kernel here all the same:
+    # a false proof is an error, not a silent pass (eagerdecomp.runtime.family)
+    monkeypatch.setenv("EAGERDECOMP_AUDIT_PROOFS", "1")
     name, dname = opinfo.full_name, dtype_name(dtype)
     requires_grad = dtype == __import__("torch").float64 and opinfo.supports_autograd
     limit = MAX_SAMPLES if FULL else SLICE_SAMPLES
