@@ -51,6 +51,7 @@ import torch
 from eagerdecomp.runtime import bundle
 from eagerdecomp.runtime.paths import cache_dir
 from eagerdecomp.runtime.quiet import quiet
+from eagerdecomp.runtime.replay import Deferred
 
 __all__ = ["enabled", "Store", "store_for", "folder_name", "code_fingerprint", "flush", "clear"]
 
@@ -184,17 +185,15 @@ def _graph_from(data, constants: dict, class_name: str, op_name: str):
     for op, name, target, args, kwargs in data:
         env[name] = graph.create_node(op, _target_from(target), resolve(args), resolve(kwargs), name=name)
     graph._co_fields = {"co_filename": f"<eagerdecomp kernel {op_name}>"}
-    module = fx.GraphModule(constants, graph, class_name=class_name)
-    module._constants = constants
-    return module
+    return Deferred(graph, constants, class_name)  # the module is made if the kernel runs in Python
 
 
 def _kernel_data(kernel) -> dict:
     return {
         "op": str(kernel.op),
-        "graph": _graph_data(kernel.module.graph),
-        "class": type(kernel.module).__name__,
-        "constants": dict(kernel.module._constants),
+        "graph": _graph_data(kernel.graph),
+        "class": kernel.class_name,
+        "constants": dict(kernel.constants),
         "spec": kernel.spec,
         "warnings": [text for text, _ in kernel.warnings],
         "fixups": list(kernel.fixups),

@@ -203,14 +203,14 @@ def _plan(kernel, n_tensors: int, n_lifted: int) -> tuple:
             return all(known(y) for y in x)
         return True
 
-    for node in kernel.module.graph.nodes:
+    for node in kernel.graph.nodes:
         if node.op == "placeholder":
             if node.name.startswith("i"):
                 env[node] = sized(("int", None, int(node.name[1:])))
             else:
                 env[node] = Slot(next(inputs))
         elif node.op == "get_attr":
-            env[node] = getattr(kernel.module, node.target)
+            env[node] = kernel.constants[node.target]
         elif node.op == "call_function":
             target = node.target
             args, kwargs = value(node.args), {k: value(v) for k, v in node.kwargs.items()}

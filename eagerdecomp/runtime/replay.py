@@ -15,7 +15,29 @@ from collections.abc import Sequence
 
 from torch.utils._pytree import tree_unflatten
 
-__all__ = ["Kernel"]
+__all__ = ["Kernel", "Deferred"]
+
+
+class Deferred:
+    """A kernel's graph and constants whose ``fx.GraphModule`` is made on first use.
+
+    NOTE: a kernel loaded from disk (a kernel bundle, a shape family) often never runs in
+    Python: its first call of each exact key runs the key's C++ program, made from the graph
+    alone (:mod:`eagerdecomp.runtime.program`). FX's code generation and ``compile`` of its
+    forward were most of a bundle's cost in a process's first step, profiled.
+    """
+
+    __slots__ = ("graph", "_constants", "class_name")
+
+    def __init__(self, graph, constants: dict, class_name: str):
+        self.graph, self._constants, self.class_name = graph, constants, class_name
+
+    def build(self):
+        import torch.fx as fx
+
+        module = fx.GraphModule(self._constants, self.graph, class_name=self.class_name)
+        module._constants = self._constants
+        return module
 
 
 class Kernel:
@@ -23,27 +45,55 @@ class Kernel:
 
     # ints: paths of the int arguments a shape-generic kernel takes as inputs after the
     # tensors and lifted floats (eagerdecomp.family.int_paths); () for every other kernel
-    __slots__ = ("op", "module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups", "ints", "plans")
+    __slots__ = ("op", "_module", "fn", "spec", "single", "warnings", "leaf_ops", "random", "fixups", "ints", "plans")
 
     def __init__(self, op, module, spec, warnings_=(), fixups=()):
+        """``module``: the ``fx.GraphModule`` replayed, or a :class:`Deferred` one."""
         self.op = op
-        self.module = module
+        self._module = module
         # the generated forward, called directly: skips nn.Module.__call__ and its hooks
-        self.fn = module.forward
+        self.fn = None if type(module) is Deferred else module.forward
         self.spec = spec
         self.single = spec.num_leaves == 1 and spec.is_leaf()
         # warnings the op raises on every call (e.g. out= resize) were raised once,
         # while tracing; replay raises them again so eager's behaviour is kept
         self.warnings = tuple(warnings_)
-        calls = [n.target for n in module.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")]
+        calls = [n.target for n in self.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")]
         self.leaf_ops = tuple(sorted(set(calls), key=str))
         self.random = any("nondeterministic_seeded" in [t.name for t in op.tags] for op in self.leaf_ops)
         self.fixups = tuple(fixups)
         self.ints = ()
         self.plans = {}  # eagerdecomp.program's straight-line plans of this graph, by input count
 
+    @property
+    def module(self):
+        """The ``fx.GraphModule`` (made now if it was deferred)."""
+        module = self._module
+        if type(module) is Deferred:
+            module = module.build()
+            self._module, self.fn = module, module.forward  # (two threads may both build: either is right)
+        return module
+
+    @property
+    def graph(self):
+        """The FX graph, without making a deferred module."""
+        return self._module.graph
+
+    @property
+    def class_name(self) -> str:
+        module = self._module
+        return module.class_name if type(module) is Deferred else type(module).__name__
+
+    @property
+    def constants(self) -> dict:
+        """The tensors the graph reads with ``get_attr``, by name."""
+        return self._module._constants
+
     def __call__(self, tensors: Sequence):
-        flat = self.fn(*tensors)
+        fn = self.fn
+        if fn is None:
+            fn = self.module.forward
+        flat = fn(*tensors)
         for message, category in self.warnings:
             warnings.warn(message, category, stacklevel=3)
         if self.single:
