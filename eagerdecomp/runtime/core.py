@@ -258,7 +258,10 @@ class Runtime:
             out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
         if matches(member, tree_flatten(out)[0], tensors, read_ints(kernel.ints, args, kwargs)):
             store = self._store()
-            if store is not None:  # checked here, so a later process loads it by key, unchecked
+            if store is not None and member.unproven is not None:
+                # checked here, so a later process loads it by key, unchecked (a proved member's
+                # keys are not written: its family answers them in any process, unchecked too,
+                # and a file per new length was most of a new key's time with the disk on)
                 store.save_kernel(key, kernel)
             if installed is not None:
                 hits.persist(self, installed)

@@ -334,8 +334,10 @@ class Store:
                 kid = hashlib.sha256(_dumps(data)).hexdigest()[:40]
             except Exception:  # noqa: BLE001 - cannot be written: memory only
                 return
-            # (a kernel a bundle holds is not copied: our key entry names it there)
-            if not any(self._path("kernel " + kid, f).exists() for f in (self.folder, *self.bundles)):
+            # (a kernel a bundle holds is not copied: our key entry names it there). NOTE: a file
+            # of ours is written again, once per process and kernel, though one may exist: that
+            # one may be damaged, and a family answering the keys after it would never rewrite it
+            if not any(self._path("kernel " + kid, f).exists() for f in self.bundles):
                 self._write("kernel " + kid, "kernel", lambda: data)
             with self._lock:
                 self._ids[id(kernel)] = (kernel, kid)

@@ -104,7 +104,9 @@ def test_a_bundle_serves_a_fresh_process_without_tracing_and_is_never_written(bu
     assert warm[2] == cold[2]  # identical results
     assert "BundleWarning" not in warm[3]
     assert _snapshot(built) == before  # read only: nothing written, removed or packed there
-    assert any((tmp_path / "own").rglob("*.pkl"))  # the process's own cache took its new keys
+    if hits.enabled():  # the process's own cache took its new keys' programs (a proved family's
+        # new keys write no kernel entry: the family answers them in any process)
+        assert any(p.is_file() for p in (tmp_path / "own").rglob("*"))
 
 
 def test_a_stale_bundle_warns_once_and_is_ignored(built, cold, tmp_path):
