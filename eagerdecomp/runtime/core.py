@@ -35,7 +35,6 @@ from eagerdecomp.runtime.exact import (
     reference,
     refused,
     relayout,
-    same_strides,
     unalias,
 )
 from eagerdecomp.runtime.family import (
@@ -313,13 +312,10 @@ class Runtime:
                         check(func, args, kwargs)  # what eager refuses that no meta kernel says
                     elif not agrees(m, tensors, ref(), ints):
                         if m.unproven is None:
-                            raise _ProofFailed(
-                                f"{func}: a shape-generic kernel proved eager-exact for its family "
-                                f"(guard {m.guard.source}) disagrees with eager's meta kernel at "
-                                f"{[tuple(t.shape) for t in tensors]}; run with EAGERDECOMP_SHAPE_GENERIC=0 "
-                                "and report this"
-                            )
-                        raise NotGeneric("a shape-generic kernel's output layout differed from eager's at another shape")
+                            raise _ProofFailed(func, m, tensors)
+                        raise NotGeneric(
+                            "a shape-generic kernel's output layout differed from eager's at another shape"
+                        )
                     if m.unproven is not None:
                         self.stats.per_key_checks(func, m.unproven)
                     found.append(m)
@@ -475,6 +471,13 @@ class Runtime:
 
 class _ProofFailed(Exception):
     """A proved member disagrees with eager's meta kernel (seen only under EAGERDECOMP_AUDIT_PROOFS)."""
+
+    def __init__(self, func, member, tensors):
+        super().__init__(
+            f"{func}: a shape-generic kernel proved eager-exact for its family (guard {member.guard.source}) "
+            f"disagrees with eager's meta kernel at {[tuple(t.shape) for t in tensors]}; "
+            "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this"
+        )
 
 
 def _resolve_decompositions(decompositions) -> dict:

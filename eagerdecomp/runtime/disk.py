@@ -228,9 +228,8 @@ def _member_from(data: dict):
     from eagerdecomp.runtime.family import Member
     from eagerdecomp.runtime.symbolic import Guard
 
-    return Member(
-        _kernel_from(data["kernel"]), Guard(data["guard"]), data["sources"], data["metas"], data["shares"], data["unproven"]
-    )
+    kernel, guard = _kernel_from(data["kernel"]), Guard(data["guard"])
+    return Member(kernel, guard, data["sources"], data["metas"], data["shares"], data["unproven"])
 
 
 class Store:

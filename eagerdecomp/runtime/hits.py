@@ -39,7 +39,18 @@ from eagerdecomp.runtime.family import read_ints
 from eagerdecomp.runtime.lift import Each
 from eagerdecomp.runtime.program import NoProgram, Slot, specialize
 
-__all__ = ["MISS", "table_for", "offer", "persist", "offer_host", "enabled", "clear_for", "hits_for", "preload", "saver"]
+__all__ = [
+    "MISS",
+    "table_for",
+    "offer",
+    "persist",
+    "offer_host",
+    "enabled",
+    "clear_for",
+    "hits_for",
+    "preload",
+    "saver",
+]
 
 # C++ returns this object on a miss (the op's outputs are never it)
 MISS = type("Miss", (), {"__repr__": lambda self: "MISS", "__slots__": ()})()
