@@ -983,6 +983,14 @@ py::list words_after_op(const Key& k) {
   return out;
 }
 
+void finish_program(Program& p, const Table& table, const c10::FunctionSchema& schema, py::handle func, bool lifted) {
+  p.list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
+  p.op = func.inc_ref().ptr();
+  p.lifted = lifted;
+  p.total = table.total_;
+  p.name = "eagerdecomp.replay " + py::str(func).cast<std::string>();
+}
+
 std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSchema& schema, py::handle func,
                                       py::list calls, py::list outputs, int n_slots, py::handle slot_type, bool lifted,
                                       py::handle call) {
@@ -1011,11 +1019,7 @@ std::shared_ptr<Program> make_program(const Table& table, const c10::FunctionSch
   } else if (!call.is_none()) {
     p->call = std::shared_ptr<PyObject>(call.inc_ref().ptr(), PyDecRef{});
   }
-  p->list_out = schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
-  p->op = func.inc_ref().ptr();
-  p->lifted = lifted;
-  p->total = table.total_;
-  p->name = "eagerdecomp.replay " + py::str(func).cast<std::string>();
+  finish_program(*p, table, schema, func, lifted);
   return p;
 }
 
@@ -1034,6 +1038,38 @@ py::object mode_install(Table& table, py::handle func, py::handle args, py::hand
   if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return py::none();
   finish(c);
   auto p = make_program(table, schema, func, calls, outputs, n_slots, slot_type, c.inputs.size() > c.ids.size(), call);
+  py::list words = words_after_op(c.key);
+  table.insert(std::move(c.key), std::move(p));
+  return std::move(words);
+}
+
+// A shape family's program made once (eagerdecomp/runtime/program.py's plan, at one key's
+// sizes): a new exact key of the family copies it and remakes only the arguments its sizes
+// change, `patches` = [(step, argument position or keyword name, value)], instead of building
+// every step again from Python values. Returns the key's words, or None as mode_install.
+py::object mode_install_patched(Table& table, py::handle func, py::handle args, py::handle kwargs,
+                                py::handle positions, const Program& tmpl, py::list patches, py::handle slot_type) {
+  const auto& schema = schema_of(func);
+  auto p = std::make_shared<Program>(tmpl);
+  for (py::handle h : patches) {
+    auto t = py::reinterpret_borrow<py::tuple>(h);
+    Step& s = p->steps.at(t[0].cast<size_t>());
+    const auto& formals = s.op->schema().arguments();
+    size_t i = 0;
+    if (PyLong_Check(py::handle(t[1]).ptr())) {
+      i = t[1].cast<size_t>();
+    } else {
+      const auto name = t[1].cast<std::string>();
+      while (i < formals.size() && formals[i].name() != name) ++i;
+    }
+    if (i >= formals.size() || i >= s.args.size()) throw std::runtime_error("a patch names no argument");
+    s.args[i] = make_arg(t[2], formals[i].type(), slot_type.ptr());
+  }
+  table.set_lift(func.ptr(), make_lift(schema, positions));
+  Call c;
+  if (!table.key_py(func.ptr(), args.ptr(), kwargs.ptr(), c)) return py::none();
+  finish(c);
+  finish_program(*p, table, schema, func, c.inputs.size() > c.ids.size());
   py::list words = words_after_op(c.key);
   table.insert(std::move(c.key), std::move(p));
   return std::move(words);
@@ -1259,6 +1295,7 @@ void init(py::module_& m) {
       .def("discard", &mode_discard)
       .def("install", &mode_install)
       .def("install_words", &install_words)
+      .def("install_patched", &mode_install_patched)
       .def("clear", &Table::clear)
       .def("total", &Table::total)
       .def("__len__", &Table::size);
@@ -1273,6 +1310,11 @@ void init(py::module_& m) {
            py::arg("on_install") = py::none(), py::arg("host") = 0)
       .def("remove", &Registration::remove);
   // the layout of a key's words (Tag, push_tensor, finish...): bumped when it changes, so
+  // a shape family's program at one key, copied and patched for its others (install_patched)
+  py::class_<Program, std::shared_ptr<Program>>(h, "Program");
+  h.def("template", [](py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
+    return std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));
+  });
   // words written to disk by another build are never read as this one's
   h.attr("WORDS") = 1;
   h.def("_init", [](py::object miss, std::string partial) {

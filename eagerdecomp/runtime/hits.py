@@ -35,9 +35,10 @@ import torch
 
 from eagerdecomp.ops.overlap import PARTIAL
 from eagerdecomp.runtime import library as _ext
+from eagerdecomp.runtime import program
 from eagerdecomp.runtime.family import read_ints
 from eagerdecomp.runtime.lift import Each
-from eagerdecomp.runtime.program import NoProgram, Slot, specialize
+from eagerdecomp.runtime.program import NoProgram, Slot
 
 __all__ = [
     "MISS",
@@ -147,18 +148,23 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
             # the key from the arguments after the call, which would file the program wrongly
             raise NoProgram("the call changes an argument's sizes or strides")
         ints = read_ints(kernel.ints, args, kwargs) if kernel.ints else ()
-        calls, outputs, n_slots = specialize(kernel, tensors, n_lifted, ints)
-        program = (func, _positions(runtime._lift.get(func, ())), calls, outputs, n_slots, Slot, n_lifted > 0, call)
-        if runtime.serves_device:
-            runtime._tls.offer = program  # installed (and saved, see saver) by the C++ fallback
-            return None
-        words = runtime.hits.install(func, args, kwargs, *program[1:6], call)
+        plan = program.plan_for(kernel, len(tensors), n_lifted)
+        sizes = program.sizes_at(plan, tensors, ints)
+        lazy = (func, _positions(runtime._lift.get(func, ())), plan, sizes, n_lifted)
+        if call is None and not runtime.serves_device and plan[0] and plan[5]:
+            words = _install_patched(runtime, func, args, kwargs, lazy, kernel, len(tensors))
+        else:
+            made = _program(*lazy, call)
+            if runtime.serves_device:
+                runtime._tls.offer = made  # installed (and saved, see saver) by the C++ fallback
+                return None
+            words = runtime.hits.install(func, args, kwargs, *made[1:6], call)
         if words is not None:
             if not persist:
-                return words, program
+                return words, lazy
             store = runtime._store() if call is None else None
             if store is not None:
-                _save(store, False, words, program)
+                _save(store, False, words, _program(*lazy, None))
             return None
         reason = "an argument the C++ key does not take"
     except NoProgram as e:
@@ -176,7 +182,25 @@ def persist(runtime, installed) -> None:
     """Write a program :func:`offer` installed with ``persist=False`` (its call was right)."""
     store = runtime._store()
     if installed is not None and store is not None:
-        _save(store, False, *installed)
+        words, lazy = installed
+        _save(store, False, words, _program(*lazy, None))
+
+
+def _program(func, positions, plan, sizes, n_lifted, call) -> tuple:
+    """The program tuple the table installs and the disk keeps, at these sizes."""
+    return (func, positions, *program.filled(plan, sizes), Slot, n_lifted > 0, call)
+
+
+def _install_patched(runtime, func, args, kwargs, lazy, kernel, n_tensors):
+    """Install a shape family's new exact key by patching the program made at its first key:
+    only the arguments that hold sizes are made again (in C++), not every step."""
+    _, positions, plan, sizes, n_lifted = lazy
+    made = kernel.plans.get(("program", n_tensors, n_lifted))
+    if made is None:
+        # NOTE: C++ data kept with the kernel's plan (never a live exception or frame)
+        made = _ext.load().hit.template(*program.filled(plan, sizes), Slot)
+        kernel.plans["program", n_tensors, n_lifted] = made
+    return runtime.hits.install_patched(func, args, kwargs, positions, made, program.patches(plan, sizes), Slot)
 
 
 def offer_host(runtime, func, device) -> None:

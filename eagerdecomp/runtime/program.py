@@ -12,7 +12,9 @@ Specializing is cheap, not a trace. A kernel's graph is walked once into a *plan
 reads a size (:func:`eagerdecomp.symbolic.size` ...) or does integer arithmetic on sizes
 in Python; specializing to a key evaluates those few size steps at the key's concrete
 sizes and puts the numbers in the holes, so a shape family's new exact key costs
-microseconds, not a walk of the graph. What cannot be specialized (a size read from an
+microseconds, not a walk of the graph. The C++ table goes further (:func:`patches`): the
+program made at a family's first key is kept (``hit.template``), and each later key copies
+it in C++ and remakes only the arguments that hold sizes. What cannot be specialized (a size read from an
 intermediate, an op returning a number, warnings to re-raise, outputs that are not
 tensors) raises :class:`NoProgram`, and the key stays on Python replay.
 
@@ -44,7 +46,7 @@ import torch.utils._pytree as pytree
 from eagerdecomp.ops import overlap
 from eagerdecomp.runtime import symbolic
 
-__all__ = ["Slot", "NoProgram", "specialize"]
+__all__ = ["Slot", "NoProgram", "specialize", "plan_for", "sizes_at", "filled", "patches"]
 
 
 class Slot:
@@ -120,25 +122,45 @@ def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
     out= op (:mod:`eagerdecomp.overlap`: whether two tensors share memory is not in the key).
     ``outputs``: the slot number of each flat output. Raises :class:`NoProgram`.
     """
-    plan = kernel.plans.get((len(tensors), n_lifted))
+    plan = plan_for(kernel, len(tensors), n_lifted)
+    return filled(plan, sizes_at(plan, tensors, ints))
+
+
+def plan_for(kernel, n_tensors: int, n_lifted: int) -> tuple:
+    """The kernel's plan (made once and kept on it); raises :class:`NoProgram`."""
+    plan = kernel.plans.get((n_tensors, n_lifted))
     if plan is None:
         try:
-            plan = _plan(kernel, len(tensors), n_lifted)
+            plan = _plan(kernel, n_tensors, n_lifted)
         except NoProgram as e:
             plan = str(e)  # NOTE: a plan is data: the reason, not the exception (it holds frames)
-        kernel.plans[len(tensors), n_lifted] = plan
+        kernel.plans[n_tensors, n_lifted] = plan
     if type(plan) is str:
         raise NoProgram(plan)
-    sizes, calls, holed, outputs, n_slots = plan
-    if not sizes:
-        return list(calls), outputs, n_slots
+    return plan
+
+
+def sizes_at(plan, tensors, ints=()) -> list:
+    """The plan's size values at these inputs (and int arguments)."""
     values: list = []
-    for step in sizes:  # in graph order: a step reads only earlier values
+    for step in plan[0]:  # in graph order: a step reads only earlier values
         values.append(_size_step(step, tensors, ints, values))
+    return values
+
+
+def filled(plan, values) -> tuple:
+    """``(calls, outputs, n_slots)`` of the plan with ``values`` in its holes."""
+    _, calls, holed, outputs, n_slots, _ = plan
     calls = list(calls)
     for c in holed:
         calls[c] = _fill(calls[c], values)
     return calls, outputs, n_slots
+
+
+def patches(plan, values) -> list:
+    """``[(call index, argument position or keyword name, value)]``: only the arguments that
+    hold sizes, filled (a program made at another key of the plan is patched with them)."""
+    return [(c, where, _fill(arg, values)) for c, where, arg in plan[5]]
 
 
 def _size_step(step, tensors, ints, values):
@@ -170,7 +192,8 @@ def _has_hole(x) -> bool:
 
 
 def _plan(kernel, n_tensors: int, n_lifted: int) -> tuple:
-    """``(size steps, calls, indices of calls with holes, outputs, n_slots)``: the graph walked once."""
+    """``(size steps, calls, indices of calls with holes, outputs, n_slots, size arguments)``:
+    the graph walked once."""
     if kernel.warnings:
         raise NoProgram("it re-raises warnings on replay")
     spec = kernel.spec
@@ -246,5 +269,13 @@ def _plan(kernel, n_tensors: int, n_lifted: int) -> tuple:
             if not all(type(o) is Slot for o in flat):
                 raise NoProgram("an output is not a tensor the program computes")
             holed = tuple(i for i, c in enumerate(calls) if _has_hole(c))
-            return tuple(sizes), tuple(calls), holed, [o.i for o in flat], n
+            sites = []  # (call, argument position or keyword name, argument) of each size argument
+            for i in holed:
+                if calls[i][0] != "call":  # (a pick of a computed index: made whole at each key)
+                    sites = None
+                    break
+                _, _, _, args, kwargs, _, _ = calls[i]
+                sites += [(i, k, a) for k, a in enumerate(args) if _has_hole(a)]
+                sites += [(i, k, a) for k, a in kwargs.items() if _has_hole(a)]
+            return tuple(sizes), tuple(calls), holed, [o.i for o in flat], n, sites and tuple(sites)
     raise NoProgram("the graph has no output")

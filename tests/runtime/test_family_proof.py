@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 import eagerdecomp as ed
 from eagerdecomp.errors import MismatchError
 from eagerdecomp.runtime import cache as cache_module
-from eagerdecomp.runtime import core, trace
+from eagerdecomp.runtime import core, hits, trace
 from eagerdecomp.runtime.symbolic import new_shape_env, symbolic_layout, unguarded
 
 aten = torch.ops.aten
@@ -97,17 +97,20 @@ def test_each_size_changed_alone_matches_eager(name, audit, monkeypatch):
     mode = ed.EagerDecompMode("core_aten")
     for seed, shapes in enumerate(_variants(base)):
         _, ref, refused = _outcome(fn, shapes, seed)
-        with mode:
-            inputs, got, error = _outcome(fn, shapes, seed)
-        if refused is not None:
-            assert error is not None and type(error) is type(refused), (shapes, refused, error)
-            continue
-        if error is not None and _meta_refuses(fn, shapes):
-            continue  # NOTE: eager's CPU kernel skips a check its meta kernel makes: we refuse with it
-        assert error is None, (shapes, error)
-        _same(got, ref, inputs)
+        for _ in range(2):  # a new exact key, then its program (patched from the family's) on a hit
+            with mode:
+                inputs, got, error = _outcome(fn, shapes, seed)
+            if refused is not None:
+                assert error is not None and type(error) is type(refused), (shapes, refused, error)
+                continue
+            if error is not None and _meta_refuses(fn, shapes):
+                continue  # NOTE: eager's CPU kernel skips a check its meta kernel makes: we refuse with it
+            assert error is None, (shapes, error)
+            _same(got, ref, inputs)
     report = mode.report()
     assert sum(row.family for row in report.decomposed) > 0, report  # new keys answered by families
+    if hits.enabled():  # the second call of each new key: its patched program, in C++
+        assert sum(row.cpp_hits for row in report.decomposed) > 0, report
     unproven = {row.op for row in report.decomposed if row.per_key_checks}
     assert unproven == ({UNPROVED[name]} if name in UNPROVED else set()), report
 
