@@ -263,7 +263,8 @@ class Runtime:
                 # and a file per new length was most of a new key's time with the disk on)
                 store.save_kernel(key, kernel)
             if installed is not None:
-                hits.persist(self, installed)
+                if member.unproven is not None:  # (a proved family's keys: nothing per key on disk)
+                    hits.persist(self, installed)
             elif self.hits is not None:
                 self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
             return out
@@ -280,8 +281,9 @@ class Runtime:
             )
         return self.decompose(func, args, kwargs)
 
-    def _from_family(self, func, args, kwargs, tensors, lifted, key):
-        """A shape-generic kernel for this call (found or traced), or None: trace an exact one."""
+    def _from_family(self, func, args, kwargs, tensors, lifted, key, in_memory=False):
+        """A shape-generic kernel for this call (found or traced), or None: trace an exact one.
+        ``in_memory``: only a member this process holds, never the disk or a trace."""
         key_args, key_kwargs = args, kwargs
         if lifted:
             key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
@@ -290,7 +292,8 @@ class Runtime:
         try:
             fkey = family_key(func, key, tensors, paths, key_args, key_kwargs)
         except NotGeneric as e:
-            self.stats.exact_shapes(func, e.reason)
+            if not in_memory:  # (counted once: by the full look that follows)
+                self.stats.exact_shapes(func, e.reason)
             return None
         eager = []  # the op's meta kernel on this call, made once and only when a guard holds
 
@@ -323,6 +326,8 @@ class Runtime:
             return None
 
         def make():
+            if in_memory:
+                raise _NotInMemory
             t0 = time.perf_counter()
             targs = (func, args, kwargs, tensors, self.opset, self.table, lifted, paths)
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
@@ -339,12 +344,18 @@ class Runtime:
             return member
 
         store = self._store()
-        if store is not None and self.cache.family(fkey) is None:
+        if in_memory:
+            family = self.cache.family(fkey)
+            if family is None or not family.members:
+                return None
+        elif store is not None and self.cache.family(fkey) is None:
             members = store.load_members(fkey)  # another process's members, checked per key as ours
             if members:
                 self.cache.adopt_family(fkey, Family(members))
         try:
             kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
+        except _NotInMemory:
+            return None
         except _ProofFailed as e:  # never hidden behind an exact-shape kernel
             raise MismatchError(str(e)) from None
         except (EagerDecompError, Bypass, LiftRefused) as e:
@@ -358,7 +369,8 @@ class Runtime:
             return None
         if kernel is None:
             family = self.cache.family(fkey)
-            self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
+            if not in_memory:
+                self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
             return None
         if made:
             self.stats.record_kernel(kernel)
@@ -374,12 +386,19 @@ class Runtime:
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
         self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
         store = self._store()
+        generic = key is not None and family_enabled()
         if store is not None and key is not None:
+            # NOTE: a family this process holds answers first: a shape that changes every call
+            # would otherwise look the disk up for each new key (a proved family's keys are
+            # never written there)
+            kernel = self._from_family(func, args, kwargs, tensors, lifted, key, in_memory=True) if generic else None
+            if kernel is not None:
+                return kernel
             kernel = store.load_kernel(key)
             if kernel is not None:
                 self._tls.answer = DISK
                 return kernel
-        if key is not None and family_enabled():
+        if generic:
             kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
             if kernel is not None:
                 return kernel
@@ -467,6 +486,10 @@ class Runtime:
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
+
+
+class _NotInMemory(Exception):
+    """No member this process holds admits the call (``_from_family(in_memory=True)``)."""
 
 
 class _ProofFailed(Exception):

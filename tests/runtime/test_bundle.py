@@ -104,9 +104,8 @@ def test_a_bundle_serves_a_fresh_process_without_tracing_and_is_never_written(bu
     assert warm[2] == cold[2]  # identical results
     assert "BundleWarning" not in warm[3]
     assert _snapshot(built) == before  # read only: nothing written, removed or packed there
-    if hits.enabled():  # the process's own cache took its new keys' programs (a proved family's
-        # new keys write no kernel entry: the family answers them in any process)
-        assert any(p.is_file() for p in (tmp_path / "own").rglob("*"))
+    # (the process's own cache may stay empty: the new keys of a proved shape family are not
+    # written anywhere, the family answers them in any process)
 
 
 def test_a_stale_bundle_warns_once_and_is_ignored(built, cold, tmp_path):

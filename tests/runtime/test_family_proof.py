@@ -225,3 +225,31 @@ def test_without_audit_a_wrong_layout_is_still_caught_at_replay():
         got = aten.gelu_backward(x, x)
     torch.testing.assert_close(got, op(x, x))
     assert "replayed layout differed" in " ".join(mode.report().row(op).exact_shapes)
+
+
+def test_a_proved_familys_new_keys_neither_read_nor_write_the_disk(tmp_path, monkeypatch):
+    """With the disk cache on, a new exact key a proved family in memory answers costs no disk
+    lookup and leaves no entry: the family answers it in any process."""
+    from eagerdecomp.runtime import disk
+
+    monkeypatch.setenv("EAGERDECOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EAGERDECOMP_DISK_CACHE", "1")
+    ed.cache_clear()
+    looked = []
+    real = disk.Store.load_kernel
+    monkeypatch.setattr(disk.Store, "load_kernel", lambda self, key: looked.append(key) or real(self, key))
+    op = aten.gelu_backward.default
+    with ed.EagerDecompMode("core_aten") as mode:
+        x = torch.randn(5, 6)
+        op(x, x)  # traced: its family, its key and its program are written
+        disk._write_pending()
+        written = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+        looked.clear()
+        xs = [torch.randn(n, 6) for n in (7, 9, 11)]
+        got = [op(x, x) for x in xs]
+    for x, y in zip(xs, got):
+        torch.testing.assert_close(y, op(x, x))
+    assert looked == [] and mode.report().row(op).family == 3
+    disk._write_pending()
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == written
+    ed.cache_clear()
