@@ -26,7 +26,7 @@ from eagerdecomp.runtime import hits, routes
 from eagerdecomp.runtime.cache import Bypassed, ByValue, KernelCache, Unsupported, cache_for
 from eagerdecomp.runtime.compiler import PENDING, compiler_for
 from eagerdecomp.runtime.disk import enabled as disk_enabled
-from eagerdecomp.runtime.disk import store_for
+from eagerdecomp.runtime.disk import every_key, store_for
 from eagerdecomp.runtime.exact import (
     Refusal,
     concrete_fake_mode,
@@ -257,13 +257,15 @@ class Runtime:
             out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
         if matches(member, tree_flatten(out)[0], tensors, read_ints(kernel.ints, args, kwargs)):
             store = self._store()
-            if store is not None and member.unproven is not None:
-                # checked here, so a later process loads it by key, unchecked (a proved member's
-                # keys are not written: its family answers them in any process, unchecked too,
-                # and a file per new length was most of a new key's time with the disk on)
+            # NOTE: a proved member's keys are not written (see disk.every_key): its family answers
+            # them in any process, unchecked, and a file per new length was most of a new key's
+            # time with the disk on. An unproven member's key is: checked here, a later process
+            # loads it by key, unchecked.
+            keep = store is not None and (member.unproven is not None or every_key())
+            if keep:
                 store.save_kernel(key, kernel)
             if installed is not None:
-                if member.unproven is not None:  # (a proved family's keys: nothing per key on disk)
+                if keep:
                     hits.persist(self, installed)
             elif self.hits is not None:
                 self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)

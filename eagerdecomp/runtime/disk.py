@@ -53,7 +53,7 @@ from eagerdecomp.runtime.paths import cache_dir
 from eagerdecomp.runtime.quiet import quiet
 from eagerdecomp.runtime.replay import Deferred
 
-__all__ = ["enabled", "Store", "store_for", "folder_name", "code_fingerprint", "flush", "clear"]
+__all__ = ["enabled", "every_key", "Store", "store_for", "folder_name", "code_fingerprint", "flush", "clear"]
 
 FORMAT = 5  # bumped when the entry layout or what a key means changes: older entries then read as stale
 _warned = threading.Event()  # one warning per process for unreadable entries
@@ -62,6 +62,14 @@ _warned = threading.Event()  # one warning per process for unreadable entries
 def enabled() -> bool:
     """Off with ``EAGERDECOMP_DISK_CACHE=0``."""
     return os.environ.get("EAGERDECOMP_DISK_CACHE", "1") != "0"
+
+
+def every_key() -> bool:
+    """``EAGERDECOMP_DISK_EVERY_KEY=1`` (``cache build`` sets it): the exact keys a proved shape
+    family answers are written too (kernel entry and C++ program), so a bundle serves its
+    workloads' keys from C++ at once. Otherwise they are not: the family answers them in any
+    process, and a file per new length would cost a shape that changes every call."""
+    return os.environ.get("EAGERDECOMP_DISK_EVERY_KEY", "0") == "1"
 
 
 @functools.lru_cache(maxsize=1)
