@@ -46,7 +46,7 @@ import torch.utils._pytree as pytree
 from eagerdecomp.ops import overlap
 from eagerdecomp.runtime import symbolic
 
-__all__ = ["Slot", "NoProgram", "specialize", "plan_for", "sizes_at", "filled", "patches"]
+__all__ = ["Slot", "NoProgram", "plan_for", "sizes_at", "filled", "patches"]
 
 
 class Slot:
@@ -113,19 +113,6 @@ class _Hole:
         self.j = j
 
 
-def specialize(kernel, tensors, n_lifted: int, ints=()) -> tuple:
-    """``(calls, outputs, n_slots)`` for ``kernel`` at the key of ``tensors`` (and its ``ints``).
-
-    ``calls``: ``("call", name, overload, args, kwargs, first_slot, n_results)`` per op call,
-    ``("pick", list_slot, index, slot)`` for an item of a ``Tensor[]`` result, and
-    ``("check", rules, dest_slots, input_slots)`` for eager's overlap check of an in-place or
-    out= op (:mod:`eagerdecomp.overlap`: whether two tensors share memory is not in the key).
-    ``outputs``: the slot number of each flat output. Raises :class:`NoProgram`.
-    """
-    plan = plan_for(kernel, len(tensors), n_lifted)
-    return filled(plan, sizes_at(plan, tensors, ints))
-
-
 def plan_for(kernel, n_tensors: int, n_lifted: int) -> tuple:
     """The kernel's plan (made once and kept on it); raises :class:`NoProgram`."""
     plan = kernel.plans.get((n_tensors, n_lifted))
@@ -149,7 +136,15 @@ def sizes_at(plan, tensors, ints=()) -> list:
 
 
 def filled(plan, values) -> tuple:
-    """``(calls, outputs, n_slots)`` of the plan with ``values`` in its holes."""
+    """``(calls, outputs, n_slots)``: the plan's program at one key, ``values`` (:func:`sizes_at`)
+    in its holes.
+
+    ``calls``: ``("call", name, overload, args, kwargs, first_slot, n_results)`` per op call,
+    ``("pick", list_slot, index, slot)`` for an item of a ``Tensor[]`` result, and
+    ``("check", rules, dest_slots, input_slots)`` for eager's overlap check of an in-place or
+    out= op (:mod:`eagerdecomp.overlap`: whether two tensors share memory is not in the key).
+    ``outputs``: the slot number of each flat output.
+    """
     _, calls, holed, outputs, n_slots, _ = plan
     calls = list(calls)
     for c in holed:
