@@ -158,7 +158,8 @@ def padding(rounds: int, dev) -> dict:
 
 
 class _disk_on:
-    """The persistent cache on, over a temporary folder, for the duration."""
+    """The persistent cache on, as by default, over a temporary folder, for the duration (a new
+    shape then pays what the disk costs it: a lookup, a write)."""
 
     def __enter__(self):
         import tempfile
@@ -387,26 +388,6 @@ def _timed(fn):
     out = fn()
     _sync()
     return time.perf_counter() - t0, out
-
-
-class _disk_on:
-    """The persistent kernel cache on, as by default, in a fresh folder: a user's new shape
-    pays what the disk costs it (a lookup, a write), which the cold runs turn off."""
-
-    def __enter__(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.saved = {k: os.environ.get(k) for k in ("EAGERDECOMP_DISK_CACHE", "EAGERDECOMP_CACHE_DIR")}
-        os.environ.update(EAGERDECOMP_DISK_CACHE="1", EAGERDECOMP_CACHE_DIR=self.dir.name)
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        self.dir.cleanup()
-        return False
 
 
 def unseen(rounds: int) -> dict:
