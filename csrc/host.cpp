@@ -8,13 +8,13 @@
 //     (an out= overlapping an input, x.add_(x.flip(0))) become unrelated tensors, so eager's
 //     overlap errors and results are lost, and a non-dense input (an expand) arrives
 //     contiguous, so results computed from strides (TensorIterator's layout) differ. Here
-//     each device storage a call touches is copied once, over the byte span its tensors
-//     use, and every tensor is re-made on the host copy with its own sizes, strides and
-//     offset: the CPU kernel sees the same memory layout the device tensors have;
+//     each device storage a call touches is copied once (over what a CPU kernel may touch:
+//     see Mirror), and every tensor is re-made on the host copy with its own sizes, strides
+//     and offset: the CPU kernel sees the same memory layout the device tensors have;
 //   * it writes mutated arguments back with `_copy_from_and_resize`, a kernel a device must
-//     provide and which resizes contiguously. Here a written storage span is copied back
-//     whole, and an out= the CPU kernel resized is resized (and restrided) on the device as
-//     the kernel did on the host, then filled;
+//     provide and which resizes contiguously. Here a written storage is copied back whole
+//     (grown first if the kernel grew it), and an out= the CPU kernel resized or restrided
+//     gets the same sizes, strides and offset on the device, all below autograd;
 //   * it moves results to the first tensor argument's device, the host when that argument
 //     is a CPU scalar. Here results go to the device of the call's device tensors;
 //   * it copies a view's result (a warning at most). Views are refused before this file is
@@ -33,6 +33,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <chrono>
+#include <exception>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -42,13 +44,20 @@ namespace eagerdecomp::host {
 namespace {
 
 // One device storage the call touches, copied to the host over bytes [lo, hi).
+// NOTE: what a CPU kernel may touch through a tensor is more than its strided span: fused and
+// foreach kernels read and write numel elements from the data pointer whatever the strides
+// (an expanded parameter of _fused_adamw_), and a kernel that resizes an out= reuses or grows
+// its storage by the storage's size. So a storage the call writes is mirrored whole, at the
+// same offsets (the CPU kernel then makes eager's decisions on eager's layout), and a storage
+// it only reads is mirrored over each tensor's reach: its span and numel elements from its data
+// pointer. The host copy is never smaller than what the kernel can address: no heap overrun.
 struct Mirror {
-  const c10::StorageImpl* storage = nullptr;
+  c10::Storage storage;  // the device storage
   int64_t lo = 0, hi = 0;
-  at::Tensor device_bytes, host_bytes;  // uint8 views of the span, on the device and on the host
+  at::Tensor device_bytes, host_bytes;  // uint8 views of [lo, hi), on the device and on the host
   bool written = false;
-  // NOTE: a storage only one dense tensor uses is copied as that tensor (one .to(), its strides
-  // kept): the span copy is for shared storages and tensors with gaps or overlaps
+  // NOTE: a storage only one dense tensor reads is copied as that tensor (one .to(), its strides
+  // kept): the byte copy is for shared storages, written ones, and tensors with gaps or overlaps
   const c10::TensorImpl* only = nullptr;
   bool direct = true;
 };
@@ -58,18 +67,24 @@ struct Ref {
   size_t arg;
   int64_t index;  // in a list argument, else -1
   at::Tensor device;
-  at::Tensor host;
-  int mirror = -1;  // -1: an empty tensor, given its own host storage
   bool written = false;
-  std::vector<int64_t> sizes, strides;  // before the call, to see what the CPU kernel resized
+  at::Tensor host;
+  int mirror = -1;  // -1: an empty tensor only read, given its own host storage
   const c10::StorageImpl* host_storage = nullptr;
 };
 
-// One past the last element a tensor reaches, in elements of its storage.
-int64_t span_end(const at::Tensor& t) {
+// The bytes [lo, hi) of its storage a CPU kernel may address through t (see Mirror).
+std::pair<int64_t, int64_t> reach(const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.element_size());
   int64_t end = t.storage_offset() + 1;
   for (int64_t d = 0; d < t.dim(); ++d) end += (t.size(d) - 1) * t.stride(d);
-  return end;
+  end = std::max(end, t.storage_offset() + t.numel());
+  return {t.storage_offset() * item, end * item};
+}
+
+// A uint8 tensor over bytes [lo, hi) of a storage.
+at::Tensor bytes_of(const c10::Storage& s, const at::TensorOptions& opts, int64_t lo, int64_t hi) {
+  return at::empty({0}, opts.dtype(at::kByte)).set_(s, lo, {hi - lo}, {1});
 }
 
 // The host tensor standing in for a device one: the same sizes, strides and offset over the
@@ -89,15 +104,33 @@ at::Tensor host_twin(const at::Tensor& t, const Mirror* m) {
   return h;
 }
 
-at::Tensor to_device(const c10::OperatorHandle& op, const at::Tensor& h, c10::Device device, Traffic& traffic) {
+// A fresh result on the device, as the CPU kernel made it on the host.
+// NOTE: a dense result that is its whole storage is one .to() (its strides kept); any other (a
+// view into a larger buffer, as lstsq's solution, results sharing one buffer) gets a device
+// copy of its whole host storage, made once per storage, at the same offset and strides
+using Storages = std::unordered_map<const c10::StorageImpl*, c10::Storage>;
+at::Tensor to_device(const c10::OperatorHandle& op, const at::Tensor& h, c10::Device device, Storages& made,
+                     Traffic& traffic) {
   TORCH_CHECK(h.layout() == c10::kStrided, op.schema().operator_name(), ": its CPU kernel returned a ", h.layout(),
               " tensor, and the CPU tier copies strided results only (a device with strided tensors): expected a "
               "strided result. Register a kernel for it on the device, or deny it the tier "
               "(EAGERDECOMP_CPU_FALLBACK_DENY).");
-  traffic.to_device += static_cast<int64_t>(h.nbytes());
-  // NOTE: .to() keeps the strides of a dense tensor (preserve_format); others are rebuilt
-  if (h.is_non_overlapping_and_dense()) return h.to(device);
-  return at::empty_strided(h.sizes(), h.strides(), h.options().device(device)).copy_(h);
+  const int64_t size = static_cast<int64_t>(h.storage().nbytes());
+  auto [it, fresh] = made.try_emplace(h.storage().unsafeGetStorageImpl());
+  if (fresh && h.is_non_overlapping_and_dense() && h.storage_offset() == 0 && size == static_cast<int64_t>(h.nbytes())) {
+    traffic.to_device += size;
+    at::Tensor d = h.to(device);
+    it->second = d.storage();
+    return d;
+  }
+  if (fresh) {
+    it->second = bytes_of(h.storage(), h.options(), 0, size).to(device).storage();
+    traffic.to_device += size;
+  }
+  at::Tensor d = at::empty({0}, h.options().device(device)).set_(it->second, h.storage_offset(), h.sizes(), h.strides());
+  if (h.is_conj()) d._set_conj(true);
+  if (h.is_neg()) d._set_neg(true);
+  return d;
 }
 
 int64_t now_ns() {
@@ -110,6 +143,36 @@ bool shares(const at::Tensor& h, const std::vector<const c10::StorageImpl*>& inp
   return std::find(inputs.begin(), inputs.end(), h.storage().unsafeGetStorageImpl()) != inputs.end();
 }
 
+// Written arguments back into the caller's tensors: each written storage's bytes whole (grown
+// first where the CPU kernel grew its host copy, as eager's resize_ grows the storage in
+// place), then each written tensor's sizes, strides and offset as the kernel left them.
+void write_back(std::vector<Mirror>& mirrors, const std::vector<Ref>& refs, Traffic& traffic) {
+  for (auto& m : mirrors) {
+    if (!m.written) continue;
+    const int64_t size = static_cast<int64_t>(m.host_bytes.storage().nbytes());
+    at::Tensor device = bytes_of(m.storage, m.device_bytes.options(), 0, static_cast<int64_t>(m.storage.nbytes()));
+    if (size > device.numel()) device.resize_({size});  // resizes the storage itself: every view sees it
+    if (size == 0) continue;
+    device.narrow(0, 0, size).copy_(bytes_of(m.host_bytes.storage(), m.host_bytes.options(), 0, size));
+    traffic.to_device += size;
+  }
+  for (const auto& r : refs) {
+    if (!r.written) continue;
+    const at::Tensor& h = r.host;
+    if (h.storage().unsafeGetStorageImpl() != r.host_storage) {
+      // the kernel gave the out a storage of its own (set_): so does the device, of its size
+      const int64_t size = static_cast<int64_t>(h.storage().nbytes());
+      at::Tensor fresh = at::empty({size}, r.device.options().dtype(at::kByte));
+      if (size) fresh.copy_(bytes_of(h.storage(), h.options(), 0, size));
+      r.device.set_(fresh.storage(), h.storage_offset(), h.sizes(), h.strides());
+      traffic.to_device += size;
+    } else if (!(r.device.sizes().equals(h.sizes()) && r.device.strides().equals(h.strides()) &&
+                 r.device.storage_offset() == h.storage_offset())) {
+      r.device.as_strided_(h.sizes(), h.strides(), h.storage_offset());  // (a written mirror's offsets are the device's)
+    }
+  }
+}
+
 }  // namespace
 
 void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceType device_type, Traffic& traffic) {
@@ -117,6 +180,10 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
   // recorder, a profiler's mode) see the call that came here, not what it took to run it
   c10::impl::ExcludeDispatchKeyGuard no_modes(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  // NOTE: and autograd's: eager's version bumps (and its "inference tensor" refusals) happen
+  // above the backend kernel this is, once per written tensor; a copy_ back into the caller's
+  // tensor that went through ADInplaceOrView would bump again (twice for a tensor listed twice)
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   const auto& schema = op.schema();
   const auto& formals = schema.arguments();
   const size_t n = formals.size();
@@ -129,10 +196,8 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
   auto take = [&](const at::Tensor& t, size_t arg, int64_t index) {
     if (!t.defined() || t.device().type() != device_type) return;  // CPU scalars stay as they are
     if (!target) target = t.device();
-    Ref r{arg, index, t};
     const auto* alias = formals[arg].alias_info();
-    r.written = alias != nullptr && alias->isWrite();
-    refs.push_back(std::move(r));
+    refs.push_back(Ref{arg, index, t, alias != nullptr && alias->isWrite()});
   };
   for (size_t i = 0; i < n; ++i) {
     const auto& v = original[i];
@@ -153,28 +218,28 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
     }
   }
 
-  // 2. one host copy per device storage, over the bytes its tensors span
+  // 2. one host copy per device storage: whole if the call writes it, else over its tensors' reach
   std::vector<Mirror> mirrors;
   std::unordered_map<const c10::StorageImpl*, int> by_storage;
   for (auto& r : refs) {
-    if (r.device.numel() == 0) continue;
+    if (r.device.numel() == 0 && !r.written) continue;
     const auto* s = r.device.storage().unsafeGetStorageImpl();
-    const int64_t item = static_cast<int64_t>(r.device.element_size());
-    const int64_t lo = r.device.storage_offset() * item, hi = span_end(r.device) * item;
     auto [it, fresh] = by_storage.try_emplace(s, static_cast<int>(mirrors.size()));
     if (fresh) {
       Mirror m;
-      m.storage = s;
-      m.lo = lo;
-      m.hi = hi;
+      m.storage = r.device.storage();
+      m.lo = std::numeric_limits<int64_t>::max();
       m.only = r.device.unsafeGetTensorImpl();
       m.direct = r.device.is_non_overlapping_and_dense() && !r.device.is_conj() && !r.device.is_neg();
-      mirrors.push_back(m);
-    } else {
-      auto& m = mirrors[it->second];
+      mirrors.push_back(std::move(m));
+    }
+    auto& m = mirrors[it->second];
+    m.written = m.written || r.written;
+    m.direct = m.direct && !m.written && m.only == r.device.unsafeGetTensorImpl();
+    if (r.device.numel() > 0) {
+      const auto [lo, hi] = reach(r.device);
       m.lo = std::min(m.lo, lo);
       m.hi = std::max(m.hi, hi);
-      m.direct = m.direct && m.only == r.device.unsafeGetTensorImpl();
     }
     r.mirror = it->second;
   }
@@ -182,11 +247,22 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
   for (size_t k = 0; k < mirrors.size(); ++k) {
     auto& m = mirrors[k];
     if (m.direct) continue;
-    m.lo -= m.lo % 16;  // every element size divides 16: each tensor's offset stays whole
+    const int64_t size = static_cast<int64_t>(m.storage.nbytes());
+    if (m.written) {
+      m.lo = 0, m.hi = size;
+    } else {
+      m.lo -= m.lo % 16;  // every element size divides 16: each tensor's offset stays whole
+    }
     const auto& dev = std::find_if(refs.begin(), refs.end(), [&](const Ref& r) { return r.mirror == (int)k; })->device;
-    m.device_bytes = at::empty({0}, dev.options().dtype(at::kByte)).set_(dev.storage(), m.lo, {m.hi - m.lo}, {1});
-    m.host_bytes = m.device_bytes.to(c10::kCPU);
-    traffic.to_host += m.hi - m.lo;
+    const int64_t have = std::min(m.hi, size);  // a reach past the storage's end (eager reads garbage there)
+    m.device_bytes = bytes_of(m.storage, dev.options(), m.lo, have);
+    if (have == m.hi) {
+      m.host_bytes = m.device_bytes.to(c10::kCPU);
+    } else {
+      m.host_bytes = at::zeros({m.hi - m.lo}, dev.options().device(c10::kCPU).dtype(at::kByte));
+      m.host_bytes.narrow(0, 0, have - m.lo).copy_(m.device_bytes);
+    }
+    traffic.to_host += have - m.lo;
   }
 
   // 3. the call's arguments on the host: one host tensor per device tensor object
@@ -203,9 +279,6 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
     }
     r.host = it->second;
     r.host_storage = r.host.has_storage() ? r.host.storage().unsafeGetStorageImpl() : nullptr;
-    r.sizes = r.host.sizes().vec();
-    r.strides = r.host.strides().vec();
-    if (r.written && r.mirror >= 0) mirrors[r.mirror].written = true;
   }
   size_t next = 0;
   for (size_t i = 0; i < n && next < refs.size(); ++i) {
@@ -225,34 +298,20 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
 
   traffic.copy_ns += now_ns() - t0;
 
-  // 4. the CPU's kernel (cpu_fallback's step 2)
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  // 4. the CPU's kernel (cpu_fallback's step 2). NOTE: a kernel that raises may have written
+  // or resized its outs first (eager's out= is resized before a later check fails): the
+  // caller's tensors get what the kernel left, then its error
+  std::exception_ptr failed;
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (...) {
+    failed = std::current_exception();
+  }
   t0 = now_ns();
-
-  // 5. written arguments back into the caller's tensors: spans whole, then what was resized
-  for (auto& m : mirrors) {
-    if (!m.written || m.direct) continue;
-    m.device_bytes.copy_(m.host_bytes);
-    traffic.to_device += m.hi - m.lo;
-  }
-  for (auto& r : refs) {
-    if (!r.written) continue;
-    const bool moved = r.mirror < 0 || r.host.storage().unsafeGetStorageImpl() != r.host_storage;
-    const bool same = !moved && r.host.sizes().equals(r.sizes) && r.host.strides().equals(r.strides);
-    if (same && mirrors[r.mirror].direct) {  // written in place on its own host copy
-      r.device.copy_(r.host);
-      traffic.to_device += static_cast<int64_t>(r.host.nbytes());
-      continue;
-    }
-    if (same) continue;  // (its span went back above)
-    // NOTE: as a structured kernel resizes an out= on the device: resize_, then restride
-    r.device.resize_(r.host.sizes());
-    if (!r.device.strides().equals(r.host.strides())) r.device.as_strided_(r.host.sizes(), r.host.strides());
-    if (r.host.numel()) {
-      r.device.copy_(r.host);
-      traffic.to_device += static_cast<int64_t>(r.host.nbytes());
-    }
-  }
+  write_back(mirrors, refs, traffic);
+  traffic.copy_ns += now_ns() - t0;
+  if (failed) std::rethrow_exception(failed);
+  t0 = now_ns();
 
   // 6. results: a written argument is the caller's own tensor; others are copied to the device
   std::vector<const c10::StorageImpl*> host_inputs;
@@ -261,6 +320,7 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
   const auto& returns = schema.returns();
   const size_t rbegin = stack->size() - returns.size();
   const c10::Device device = target.value_or(c10::Device(device_type));
+  Storages made;
   for (size_t k = 0; k < returns.size(); ++k) {
     auto& v = (*stack)[rbegin + k];
     const auto* alias = returns[k].alias_info();
@@ -282,12 +342,12 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
     };
     if (v.isTensor() && v.toTensor().defined()) {
       check(v.toTensor());
-      v = c10::IValue(to_device(op, v.toTensor(), device, traffic));
+      v = c10::IValue(to_device(op, v.toTensor(), device, made, traffic));
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> out;
       for (const at::Tensor& h : v.toTensorVector()) {
         check(h);
-        out.push_back(h.defined() ? to_device(op, h, device, traffic) : h);
+        out.push_back(h.defined() ? to_device(op, h, device, made, traffic) : h);
       }
       v = c10::IValue(c10::List<at::Tensor>(out));
     }
