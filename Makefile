@@ -9,7 +9,7 @@ JOBS ?= auto
 # conformance-edref: samples per OpInfo and dtype (0: every one)
 SAMPLES ?= 0
 
-.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress bench report corpus install clean
+.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress memcheck bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -116,6 +116,12 @@ devsuites: install
 STRESS_RUNS ?= 100
 stress: install
 	EAGERDECOMP_STRESS_RUNS=$(STRESS_RUNS) EAGERDECOMP_STRESS_THREADS=6 $(PY) -m pytest tests/runtime/test_threads.py $(PYTEST_ARGS)
+
+# the CPU tier under valgrind's memcheck: no host copy smaller than what its CPU kernel touches
+# (expanded fused-optimizer arguments, outs the kernel grows); about 30 minutes on 2 cores
+memcheck: install
+	command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)
+	$(PY) tests/device/memcheck.py
 
 # the benchmarks; those the docs render write their JSON to bench/results/ (then: make docs)
 bench: install
