@@ -290,13 +290,18 @@ def test_fused_step_with_a_tensor_twice_bumps_as_eager(tier):
 
 
 def test_fused_step_on_inference_mode_parameters(tier):
+    """Eager writes inference tensors below autograd without a version counter to bump."""
+    got = []
     for where in ("cpu", DEV):
         with torch.inference_mode():
-            p = [torch.randn(4, 4).to(where)]
-            g = [torch.ones(4, 4).to(where)]
-            ea, es = [torch.zeros(4, 4).to(where)], [torch.zeros(4, 4).to(where)]
+            p, g = torch.arange(16.0).view(4, 4).to(where), torch.ones(4, 4).to(where)
+            ea, es = torch.zeros(4, 4).to(where), torch.zeros(4, 4).to(where)
             steps = [torch.tensor(1.0).to(where)]
-        torch._fused_adamw_(p, g, ea, es, [], steps, lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        kw = dict(lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        torch._fused_adamw_([p], [g], [ea], [es], [], steps, **kw)
+        got.append((p.cpu(), ea.cpu(), es.cpu()))
+    for c, d in zip(*got):
+        assert torch.equal(c, d)
 
 
 def test_expanded_parameter_through_the_switch(tier):
