@@ -66,7 +66,8 @@ def main() -> int:
     for b in found:
         print(b)
     ok = proc.returncode == 0 and "exercise done" in proc.stdout and not found
-    print(f"memcheck: {len(found)} invalid accesses outside the loader; exit {proc.returncode}: {'ok' if ok else 'FAILED'}")
+    verdict = "ok" if ok else "FAILED"
+    print(f"memcheck: {len(found)} invalid accesses outside the loader; exit {proc.returncode}: {verdict}")
     return 0 if ok else 1
 
 

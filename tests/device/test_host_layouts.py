@@ -111,8 +111,16 @@ FUSED = {
         4,
         dict(lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False),
     ),
-    "_fused_adagrad_": (aten._fused_adagrad_.default, 3, dict(lr=0.1, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False)),
-    "_fused_sgd_": (aten._fused_sgd_.default, 2, dict(weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0, nesterov=False, maximize=False, is_first_step=True)),
+    "_fused_adagrad_": (
+        aten._fused_adagrad_.default,
+        3,
+        dict(lr=0.1, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False),
+    ),
+    "_fused_sgd_": (
+        aten._fused_sgd_.default,
+        2,
+        dict(weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0, nesterov=False, maximize=False, is_first_step=True),
+    ),
 }
 
 
@@ -312,7 +320,21 @@ def test_expanded_parameter_through_the_switch(tier):
         base = torch.randn(6, 8).to(where)
         p = base[:1].expand(6, 8)
         g, ea, es = (torch.ones(6, 8).to(where) for _ in range(3))
-        torch._fused_adamw_([p], [g], [ea], [es], [], [torch.tensor(1.0).to(where)], lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        torch._fused_adamw_(
+            [p],
+            [g],
+            [ea],
+            [es],
+            [],
+            [torch.tensor(1.0).to(where)],
+            lr=0.1,
+            beta1=0.9,
+            beta2=0.99,
+            weight_decay=0.0,
+            eps=1e-8,
+            amsgrad=False,
+            maximize=False,
+        )
         got.append([base.cpu(), ea.cpu(), es.cpu()])
     for c, d in zip(*got):
         assert torch.equal(c, d)
