@@ -115,7 +115,39 @@ def _device_module() -> types.ModuleType:
     mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     for name, cls in _legacy_storages().items():
         setattr(mod, name, cls)
+    # Inductor asks a PrivateUse1 device's module for its code generators when it starts
+    # (torch._inductor.codegen.common.init_backend_registration); looked up lazily, so loading
+    # the device imports none of Inductor
+    mod.__getattr__ = _inductor_codegen
     return mod
+
+
+# NOTE: edref's memory is host memory (csrc/refdev.cpp allocates with the CPU allocator and
+# each kernel runs the CPU kernel on the same bytes), so CPU's code generators are sound for it:
+# the C++ kernels Inductor generates read and write the tensors' data pointers, and the Python
+# wrapper allocates its buffers with empty_strided on edref and calls edref's kernels (through
+# the switch, when enabled) for what Inductor does not generate. A device with its own memory
+# registers its own generators under these names instead.
+_INDUCTOR_CODEGEN = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def _inductor_codegen(name: str):
+    if name not in _INDUCTOR_CODEGEN:
+        raise AttributeError(f"module 'torch.{DEVICE_NAME}' has no attribute {name!r}")
+    from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+    # Dynamo and Inductor ask the device's interface for streams, events and properties: the CPU's
+    register_interface_for_device(DEVICE_NAME, CpuInterface)
+    return {
+        "Scheduling": CppScheduling,
+        "PythonWrapperCodegen": PythonWrapperCodegen,
+        "CppWrapperCodegen": CppWrapperCpu,
+        "WrapperFxCodegen": WrapperFxCodegen,
+    }[name]
 
 
 def _legacy_storages() -> dict:

@@ -23,9 +23,12 @@ On the record. Every call is counted in the report under the route ``cpu fallbac
 the blocking op of its chain, the bytes copied each way and the time spent copying; the
 first call of each op logs one warning (logger ``eagerdecomp``, so the logging setup
 silences it). ``EAGERDECOMP_CPU_FALLBACK_OPS`` (comma-separated op names: ``linalg_eigh``,
-``aten::linalg_eigh``, or one overload ``aten.linalg_eigh.default``) limits the tier to those
-ops; ``EAGERDECOMP_CPU_FALLBACK_DENY`` keeps ops out of it. Both are read when the device is
-enabled or the mode made.
+``aten::_linalg_svd``, or one overload ``aten._linalg_eigh.eigenvalues``) limits the tier to those
+ops; ``EAGERDECOMP_CPU_FALLBACK_DENY`` keeps ops out of it. A name covers every overload that can
+arrive for it: its in-place and out= variants, and for a CompositeImplicitAutograd op such as
+``linalg_eigh`` (which never reaches a backend) the ops its composite calls
+(:func:`~eagerdecomp.ops.opset.resolve_reaching`). Both are read when the device is enabled or
+the mode made.
 
 Per call the decision is Python's once per key; later calls with that key on the device
 switch are served by the C++ fallback with no Python (``csrc/hit.cpp``). Needs the C++ library.
@@ -41,7 +44,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from eagerdecomp.errors import BackendError, UnknownOpError, UnsupportedOpError
-from eagerdecomp.ops.opset import resolve_op
+from eagerdecomp.ops.opset import resolve_reaching
 from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime.exact import flat_tensors, reference, refused
 from eagerdecomp.runtime.observe import log
@@ -81,10 +84,15 @@ _tokens = itertools.count(1)  # one per tier: a C++ program runs only for the ti
 
 def _ops(variable: str) -> frozenset:
     """The overloads a list variable names (``linalg_eigh``, ``aten::_linalg_svd``, one overload
-    ``aten._linalg_eigh.eigenvalues``); an unknown name is an error naming the variable."""
+    ``aten._linalg_eigh.eigenvalues``); an unknown name is an error naming the variable.
+
+    NOTE: a name reaches every overload that can arrive here for it (:func:`resolve_reaching`):
+    what reaches the tier is rarely the op the user called (``linalg_eigh`` arrives as
+    ``_linalg_eigh.eigenvalues``, ``_fused_adamw`` as ``_fused_adamw_``), and a list matching
+    only the overloads a name denotes would silently match nothing."""
     names = [n for n in (s.strip() for s in os.environ.get(variable, "").split(",")) if n]
     try:
-        return frozenset(o for n in names for o in resolve_op(n))
+        return frozenset(o for n in names for o in resolve_reaching(n))
     except UnknownOpError as e:
         raise UnknownOpError(f"{variable}: {e}") from None
 
@@ -139,7 +147,7 @@ class HostTier:
         with _disable_current_modes():  # the meta kernel's calls are no mode's to see
             _, refusal = refused(reference(func, args, kwargs, refuse=True))
         if refusal is not None:
-            raise refusal.error
+            refusal.raise_for(kwargs)  # (an out= resized first where eager's kernel resizes it)
         blocking = f"{error.chain[-1] if error.chain else func}: {error.reason}"
         if func not in self._warned:
             with self._lock:

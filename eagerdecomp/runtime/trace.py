@@ -181,10 +181,10 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
                 kernel = kernels[0]
         except UnsupportedOpError:
             if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
-                raise refusal.error from None
+                refusal.raise_for(kwargs)
             raise
     if refusal is not None:  # the decomposition computes something where eager refuses
-        raise refusal.error
+        refusal.raise_for(kwargs)
     return kernel
 
 
