@@ -29,6 +29,7 @@ from eagerdecomp.runtime.disk import enabled as disk_enabled
 from eagerdecomp.runtime.disk import every_key, store_for
 from eagerdecomp.runtime.exact import (
     Refusal,
+    check_devices,
     concrete_fake_mode,
     fakes_like,
     layout_matters,
@@ -50,7 +51,7 @@ from eagerdecomp.runtime.family import (
 )
 from eagerdecomp.runtime.family import enabled as family_enabled
 from eagerdecomp.runtime.fwad import below_forward_ad
-from eagerdecomp.runtime.host import HostTier, device_of
+from eagerdecomp.runtime.host import HostTier, device_of, untraceable
 from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
@@ -387,6 +388,16 @@ class Runtime:
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
         self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
+        if self.host is not None:
+            chain = untraceable(func, self.opset, self.table)
+            if chain is not None:  # no trace could find a path: the CPU tier, without an empty trace
+                check_devices(func, tensors, args, kwargs)
+                with _disable_current_modes():  # eager's own error for arguments it refuses, as trace() gives
+                    _, refusal = refused(reference(func, args, kwargs, refuse=True))
+                if refusal is not None:
+                    refusal.raise_for(kwargs)
+                log.info("%s: no path to the opset (%s: no decomposition)", func, chain[-1])
+                return Unsupported(chain, "no decomposition")
         store = self._store()
         generic = key is not None and family_enabled()
         if store is not None and key is not None:

@@ -248,7 +248,7 @@ class Refusal:
 
     def __init__(self, error: BaseException, resized=()):
         self.error = error
-        self.resized = resized  # ((out= argument name, shape)...) the kernel resized before refusing
+        self.resized = resized  # ((out= argument name, shape, strides)...) the kernel resized before refusing
 
     def raise_for(self, kwargs):
         """Raise the error, after resizing the call's out= tensors as eager's kernel did before
@@ -256,15 +256,18 @@ class Refusal:
         it overlapping an input)."""
         from eagerdecomp.ops.variants import resize_out
 
-        for name, shape in self.resized:
-            resize_out(kwargs[name], shape)
+        for name, shape, stride in self.resized:
+            out = kwargs[name]
+            resize_out(out, shape)
+            if out.stride() != stride:  # restrided as the structured kernel does (set_output_raw_strided)
+                out.as_strided_(shape, stride)
         raise self.error
 
 
 def _resized_before(func, kwargs, fkwargs) -> tuple:
     """The out= arguments the meta kernel resized (on their fakes) before it refused the call."""
     return tuple(
-        (name, fkwargs[name].shape)
+        (name, fkwargs[name].shape, fkwargs[name].stride())
         for name in out_args(func)
         if isinstance(kwargs.get(name), torch.Tensor) and fkwargs[name].shape != kwargs[name].shape
     )

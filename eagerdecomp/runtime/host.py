@@ -47,10 +47,10 @@ from eagerdecomp.errors import BackendError, UnknownOpError, UnsupportedOpError
 from eagerdecomp.ops.opset import resolve_reaching
 from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime.exact import flat_tensors, reference, refused
-from eagerdecomp.runtime.observe import log
+from eagerdecomp.runtime.observe import log, profiling, ranged
 from eagerdecomp.runtime.stats import Route
 
-__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of", "schema_refusal"]
+__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of", "schema_refusal", "untraceable"]
 
 ENV_OPS = "EAGERDECOMP_CPU_FALLBACK_OPS"
 ENV_DENY = "EAGERDECOMP_CPU_FALLBACK_DENY"
@@ -161,10 +161,42 @@ class HostTier:
                     device.type,
                     blocking,
                 )
-        out, to_host, to_device, seconds = self._run(func, args, kwargs, device)
+        if profiling():  # the call's range names what ran: the CPU kernel, with the copies
+            out, to_host, to_device, seconds = ranged("cpu_fallback", func, self._run, func, args, kwargs, device)
+        else:
+            out, to_host, to_device, seconds = self._run(func, args, kwargs, device)
         runtime.stats.record(func, Route.CPU_FALLBACK, blocking, cache)
         runtime.stats.copied(func, blocking, to_host, to_device, seconds)
         return out
+
+
+def untraceable(func, opset, table) -> tuple | None:
+    """The chain a trace of ``func`` would stop at before tracing anything, else None: ``func``
+    (an ATen op outside ``opset``) has no decomposition and no composite kernel, or is an
+    in-place or out= variant whose functional op has none (followed through the variant rules
+    of :mod:`eagerdecomp.ops.variants` alone, which call nothing else first).
+
+    NOTE: for such an op the runtime goes to the tier without a trace over fake tensors: it
+    would trace nothing (and cost the first call a Lowerer), and under ``torch.profiler`` the
+    first call would show as ``eagerdecomp.trace <op>`` where only the CPU kernel ran.
+    """
+    from eagerdecomp.ops.implicit import is_implicit
+    from eagerdecomp.ops.variants import _inplace, out_variant
+    from eagerdecomp.runtime.lower import IDENTITY_OPS
+
+    chain: list = []
+    op = func
+    while op not in opset and op not in chain and op.namespace == "aten":
+        chain.append(op)
+        if torch.Tag.inplace_view in op.tags or op in IDENTITY_OPS or is_implicit(op):
+            return None
+        fn = table.get(op)
+        if fn is None:
+            return tuple(chain)
+        if getattr(fn, "func", None) not in (out_variant, _inplace):
+            return None
+        op = fn.args[1]  # the functional op the variant rule calls
+    return None
 
 
 def device_of(args, kwargs) -> torch.device:
