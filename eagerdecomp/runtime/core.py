@@ -395,7 +395,7 @@ class Runtime:
                 with _disable_current_modes():  # eager's own error for arguments it refuses, as trace() gives
                     _, refusal = refused(reference(func, args, kwargs, refuse=True))
                 if refusal is not None:
-                    refusal.raise_for(kwargs)
+                    raise refusal.error
                 log.info("%s: no path to the opset (%s: no decomposition)", func, chain[-1])
                 return Unsupported(chain, "no decomposition")
         store = self._store()
@@ -474,7 +474,7 @@ class Runtime:
             with _disable_current_modes():  # the meta kernel's calls are no mode's to see
                 ref, refusal = refused(reference(func, args, kwargs, refuse=True))
             if refusal is not None and func._schema.is_mutable:  # refused before anything is written
-                refusal.raise_for(kwargs)  # (an out= resized first where eager's kernel resizes it)
+                raise refusal.error
         else:
             check(func, args, kwargs)  # what eager refuses that a decomposition might not
         try:

@@ -246,31 +246,8 @@ class Refusal:
     where the decomposition raises an error of its own, that error stands (eager's message,
     more often than the meta kernel's)."""
 
-    def __init__(self, error: BaseException, resized=()):
+    def __init__(self, error: BaseException):
         self.error = error
-        self.resized = resized  # ((out= argument name, shape, strides)...) the kernel resized before refusing
-
-    def raise_for(self, kwargs):
-        """Raise the error, after resizing the call's out= tensors as eager's kernel did before
-        raising it (``torch.cat([a, a], out=a)``: a structured kernel resizes its out, then finds
-        it overlapping an input)."""
-        from eagerdecomp.ops.variants import resize_out
-
-        for name, shape, stride in self.resized:
-            out = kwargs[name]
-            resize_out(out, shape)
-            if out.stride() != stride:  # restrided as the structured kernel does (set_output_raw_strided)
-                out.as_strided_(shape, stride)
-        raise self.error
-
-
-def _resized_before(func, kwargs, fkwargs) -> tuple:
-    """The out= arguments the meta kernel resized (on their fakes) before it refused the call."""
-    return tuple(
-        (name, fkwargs[name].shape, fkwargs[name].stride())
-        for name in out_args(func)
-        if isinstance(kwargs.get(name), torch.Tensor) and fkwargs[name].shape != kwargs[name].shape
-    )
 
 
 # NOTE: meta kernels that reject what the kernel eagerdecomp stands for accepts, each with why.
@@ -321,7 +298,7 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         return None
     except (RuntimeError, ValueError, IndexError) as e:  # what argument checks raise (torch._check...)
         if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
-            return Refusal(e, _resized_before(func, kwargs, fkwargs))
+            return Refusal(e)
         return None
     except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
         return None

@@ -147,7 +147,7 @@ class HostTier:
         with _disable_current_modes():  # the meta kernel's calls are no mode's to see
             _, refusal = refused(reference(func, args, kwargs, refuse=True))
         if refusal is not None:
-            refusal.raise_for(kwargs)  # (an out= resized first where eager's kernel resizes it)
+            raise refusal.error
         blocking = f"{error.chain[-1] if error.chain else func}: {error.reason}"
         if func not in self._warned:
             with self._lock:

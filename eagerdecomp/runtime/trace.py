@@ -181,10 +181,10 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
                 kernel = kernels[0]
         except UnsupportedOpError:
             if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
-                refusal.raise_for(kwargs)
+                raise refusal.error from None
             raise
     if refusal is not None:  # the decomposition computes something where eager refuses
-        refusal.raise_for(kwargs)
+        raise refusal.error
     return kernel
 
 
