@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import threading
 import types
 from collections import Counter
@@ -131,20 +132,45 @@ def _device_module() -> types.ModuleType:
 _INDUCTOR_CODEGEN = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
 
 
+@functools.cache
+def _host_wrapper(base):
+    """Inductor's Python wrapper, calling the C++ kernels it generated for edref as it calls
+    CPU's (its kernel-call codegen knows cpu and the GPU stream devices only)."""
+    from torch._inductor.virtualized import V
+
+    class HostWrapper(base):
+        @staticmethod
+        def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if is_subgraph:  # (a subgraph's wrapper writes into its parent's)
+                return base.create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures)
+            return HostWrapper()
+
+        def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+            device = device or V.graph.get_current_device_or_throw()
+            if not triton and device.type == DEVICE_NAME:
+                device = torch.device("cpu")  # a C++ kernel on host memory: a plain call, no stream
+            return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+    return HostWrapper
+
+
 def _inductor_codegen(name: str):
     if name not in _INDUCTOR_CODEGEN:
         raise AttributeError(f"module 'torch.{DEVICE_NAME}' has no attribute {name!r}")
     from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
+    from torch._inductor.codegen.common import register_device_op_overrides
     from torch._inductor.codegen.cpp import CppScheduling
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
     # Dynamo and Inductor ask the device's interface for streams, events and properties: the CPU's
     register_interface_for_device(DEVICE_NAME, CpuInterface)
+    register_device_op_overrides(DEVICE_NAME, CpuDeviceOpOverrides())  # what the wrapper emits per device: the CPU's
     return {
         "Scheduling": CppScheduling,
-        "PythonWrapperCodegen": PythonWrapperCodegen,
+        "PythonWrapperCodegen": _host_wrapper(PythonWrapperCodegen),
         "CppWrapperCodegen": CppWrapperCpu,
         "WrapperFxCodegen": WrapperFxCodegen,
     }[name]
