@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import threading
 import types
 from collections import Counter
@@ -115,7 +116,64 @@ def _device_module() -> types.ModuleType:
     mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     for name, cls in _legacy_storages().items():
         setattr(mod, name, cls)
+    # Inductor asks a PrivateUse1 device's module for its code generators when it starts
+    # (torch._inductor.codegen.common.init_backend_registration); looked up lazily, so loading
+    # the device imports none of Inductor
+    mod.__getattr__ = _inductor_codegen
     return mod
+
+
+# NOTE: edref's memory is host memory (csrc/refdev.cpp allocates with the CPU allocator and
+# each kernel runs the CPU kernel on the same bytes), so CPU's code generators are sound for it:
+# the C++ kernels Inductor generates read and write the tensors' data pointers, and the Python
+# wrapper allocates its buffers with empty_strided on edref and calls edref's kernels (through
+# the switch, when enabled) for what Inductor does not generate. A device with its own memory
+# registers its own generators under these names instead.
+_INDUCTOR_CODEGEN = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+@functools.cache
+def _host_wrapper(base):
+    """Inductor's Python wrapper, calling the C++ kernels it generated for edref as it calls
+    CPU's (its kernel-call codegen knows cpu and the GPU stream devices only)."""
+    from torch._inductor.virtualized import V
+
+    class HostWrapper(base):
+        @staticmethod
+        def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if is_subgraph:  # (a subgraph's wrapper writes into its parent's)
+                return base.create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures)
+            return HostWrapper()
+
+        def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+            device = device or V.graph.get_current_device_or_throw()
+            if not triton and device.type == DEVICE_NAME:
+                device = torch.device("cpu")  # a C++ kernel on host memory: a plain call, no stream
+            return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+    return HostWrapper
+
+
+def _inductor_codegen(name: str):
+    if name not in _INDUCTOR_CODEGEN:
+        raise AttributeError(f"module 'torch.{DEVICE_NAME}' has no attribute {name!r}")
+    from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
+    from torch._inductor.codegen.common import register_device_op_overrides
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+    # Dynamo and Inductor ask the device's interface for streams, events and properties: the CPU's
+    register_interface_for_device(DEVICE_NAME, CpuInterface)
+    register_device_op_overrides(DEVICE_NAME, CpuDeviceOpOverrides())  # what the wrapper emits per device: the CPU's
+    return {
+        "Scheduling": CppScheduling,
+        "PythonWrapperCodegen": _host_wrapper(PythonWrapperCodegen),
+        "CppWrapperCodegen": CppWrapperCpu,
+        "WrapperFxCodegen": WrapperFxCodegen,
+    }[name]
 
 
 def _legacy_storages() -> dict:

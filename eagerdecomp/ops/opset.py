@@ -33,7 +33,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from eagerdecomp.errors import UnknownOpError
 from eagerdecomp.ops.schema import op_from_name, op_names, overloads
 
-__all__ = ["OpSet", "RUNTIME_EXTRAS", "PRESETS", "resolve_op"]
+__all__ = ["OpSet", "RUNTIME_EXTRAS", "PRESETS", "resolve_op", "resolve_reaching"]
 
 aten = torch.ops.aten
 
@@ -82,6 +82,49 @@ def resolve_op(op: OpLike) -> list:
         return [getattr(op, name) for name in op.overloads()]
     raise UnknownOpError(
         f"cannot read {op!r} ({type(op).__name__}) as an op: expected an OpOverload, a packet or a name"
+    )
+
+
+def resolve_reaching(op: OpLike) -> frozenset:
+    """Every overload a backend can meet when a user calls ``op`` (a name, packet or overload),
+    for lists of ops by the names users type (``EAGERDECOMP_CPU_FALLBACK_DENY=linalg_eigh``).
+
+    :func:`resolve_op` gives the overloads the name denotes; a backend often meets others:
+    the in-place and out= variants of each (``_fused_adamw`` is called as ``_fused_adamw_``;
+    a structured op's functional form reaches a device as its out= kernel), and, for a
+    CompositeImplicitAutograd op, which never reaches a backend at all, the ops its composite
+    calls (``linalg_eigh`` arrives as ``_linalg_eigh.eigenvalues``) with their variants.
+
+    Raises :class:`UnknownOpError` for an unknown name, and for a CompositeImplicitAutograd op
+    whose composite could not be run (:func:`eagerdecomp.ops.implicit.implemented_by`),
+    naming the names that would reach what it calls.
+    """
+    from eagerdecomp.ops.implicit import implemented_by, is_implicit
+    from eagerdecomp.ops.variants import variants
+
+    found = set()
+    for overload in resolve_op(op):
+        for v in variants(overload):
+            found.add(v)
+            if not is_implicit(v):
+                continue
+            callees = implemented_by(v)
+            if callees is None:
+                raise UnknownOpError(_implicit_hint(op, v))
+            for c in callees:
+                found.update(variants(c))
+    return frozenset(found)
+
+
+def _implicit_hint(name, op) -> str:
+    base = op._schema.name.partition("::")[2]
+    guesses = [f"aten::{n}" for n in (f"_{base}", f"_{base.rstrip('_')}") if hasattr(aten, n)]
+    shown = f" (by PyTorch's naming, probably {', '.join(dict.fromkeys(guesses))})" if guesses else ""
+    return (
+        f"{name!r}: {op} is a CompositeImplicitAutograd op, which never reaches a backend, and what its "
+        "composite calls could not be found (no OpInfo samples of it ran: torch.testing needs expecttest); "
+        f"expected a name of an op that arrives. Name the ops it is implemented by{shown}: the report's "
+        "'cpu fallback' rows name the ops that arrived."
     )
 
 

@@ -19,6 +19,7 @@ from eagerdecomp.ops.schema import is_out, written
 
 __all__ = [
     "functional_variant",
+    "variants",
     "variant_table",
     "foreach_table",
     "out_variant",
@@ -84,6 +85,38 @@ def functional_variant(op):
         if _arg_types(cand, skip_out=False)[0] == want and len(cand._schema.returns) >= 1:
             return cand
     return None
+
+
+def _packets_of(ns, base: str) -> list:
+    """The packets that may hold a variant of the functional op ``base``: ``add``, ``add_``,
+    ``__iadd__`` (for ``__add__``)."""
+    names = [base, base + "_"]
+    if base.startswith("__") and base.endswith("__"):
+        names.append("__i" + base[2:])
+    return [p for p in (getattr(ns, n, None) for n in names) if p is not None]
+
+
+@functools.cache
+def variants(op) -> frozenset:
+    """``op`` and every overload that computes the same thing: its functional op and the
+    in-place and out= overloads of that functional op (``add.Tensor`` -> ``add.Tensor``,
+    ``add_.Tensor``, ``add.out``; ``_fused_adamw.default`` -> ``_fused_adamw_.default`` too).
+
+    NOTE: which of them reaches a backend depends on the call (``torch.add(out=)``) and on
+    PyTorch's composites (a structured op's functional form runs its out= kernel on a
+    device), so a name a user gives for an op must cover them all.
+    """
+    functional = functional_variant(op) or op
+    if written(functional):  # an in-place or out= op with no functional twin: itself alone
+        return frozenset({op})
+    ns_name, _, base = functional._schema.name.partition("::")
+    found = {op, functional}
+    for packet in _packets_of(getattr(torch.ops, ns_name), base):
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)
+            if cand is not functional and written(cand) and functional_variant(cand) is functional:
+                found.add(cand)
+    return frozenset(found)
 
 
 def _check_cast(op, result, dest) -> None:

@@ -29,6 +29,7 @@ from eagerdecomp.runtime.disk import enabled as disk_enabled
 from eagerdecomp.runtime.disk import every_key, store_for
 from eagerdecomp.runtime.exact import (
     Refusal,
+    check_devices,
     concrete_fake_mode,
     fakes_like,
     layout_matters,
@@ -50,7 +51,7 @@ from eagerdecomp.runtime.family import (
 )
 from eagerdecomp.runtime.family import enabled as family_enabled
 from eagerdecomp.runtime.fwad import below_forward_ad
-from eagerdecomp.runtime.host import HostTier, device_of
+from eagerdecomp.runtime.host import HostTier, device_of, untraceable
 from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
@@ -387,6 +388,16 @@ class Runtime:
     def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
         """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
         self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
+        if self.host is not None:
+            chain = untraceable(func, self.opset, self.table)
+            if chain is not None:  # no trace could find a path: the CPU tier, without an empty trace
+                check_devices(func, tensors, args, kwargs)
+                with _disable_current_modes():  # eager's own error for arguments it refuses, as trace() gives
+                    _, refusal = refused(reference(func, args, kwargs, refuse=True))
+                if refusal is not None:
+                    raise refusal.error
+                log.info("%s: no path to the opset (%s: no decomposition)", func, chain[-1])
+                return Unsupported(chain, "no decomposition")
         store = self._store()
         generic = key is not None and family_enabled()
         if store is not None and key is not None:
@@ -439,8 +450,23 @@ class Runtime:
         """Decompose eagerly on the real tensors: still only opset ops run below."""
         return self._lower_eagerly(func, args, kwargs, reason, None)
 
-    def _lower_eagerly(self, func, args, kwargs, reason, cache):
-        lowerer = Lowerer(self.opset, self.table, _call)
+    def _through_tier(self, func, args, kwargs, error):
+        """The op a taken-over ``func``'s decomposition is blocked at, when the CPU tier would run
+        it for this call, else None."""
+        if self.host is None or not error.chain or error.chain[-1] is func:
+            return None
+        blocked = error.chain[-1]
+        device = device_of(args, kwargs)
+        if device.type == "cpu" or self.host.refusal(blocked, device) is not None:
+            return None
+        return blocked
+
+    def _lower_eagerly(self, func, args, kwargs, reason, cache, through=None):
+        """Decompose ``func`` on the real tensors; ``through``: one more op to call as it is
+        (from the device switch, which sends it to the CPU tier), where a ``Stuck`` lowering
+        raises :class:`_Blocked` instead of taking the unsupported route."""
+        opset = self.opset if through is None else self.opset.ops | {through}
+        lowerer = Lowerer(opset, self.table, _call)
         # NOTE: no kernel here, so no trace's check of the layout: eager's is read before the
         # call (an out= is resized by it) and the results are moved to it after
         ref = refusal = None
@@ -459,6 +485,8 @@ class Runtime:
         except Stuck as e:
             if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
                 raise refusal.error from None
+            if through is not None:
+                raise _Blocked from None
             return self.unsupported(func, args, kwargs, UnsupportedOpError(func, e.chain, e.reason), cache)
         if refusal is not None:  # the decomposition raised nothing of its own where eager refuses
             raise refusal.error
@@ -470,6 +498,17 @@ class Runtime:
         a native run. ``keyed``: the call has a cache key, so a C++ program may serve it next."""
         composite = self.composites.get(func)
         if composite is not None and error.op is func:
+            through = self._through_tier(func, args, kwargs, error)
+            if through is not None:
+                # NOTE: the op's own decomposition is blocked only at another op, which the CPU
+                # tier runs: keep the decomposition (on the device's kernels) with that op on the
+                # host. PyTorch's composite kernel is no fallback for such an op: mode.values'
+                # calls the CPU/CUDA kernel stub directly and rejects any other device.
+                reason = f"{error.reason}; {through} on the CPU tier"
+                try:
+                    return self._lower_eagerly(func, args, kwargs, reason, cache, through=through)
+                except _Blocked:
+                    pass  # another op with no path: the composite kernel, as before (nothing was written)
             # NOTE: a taken-over op whose decomposition leads to an op with no path runs PyTorch's
             # composite kernel, as the device would without eagerdecomp. The trace failed over
             # fake tensors (or lowering stopped before any real op), so nothing ran yet.
@@ -488,6 +527,10 @@ class Runtime:
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
+
+
+class _Blocked(Exception):
+    """Lowering through the CPU tier met a second op with no path (``Runtime._lower_eagerly``)."""
 
 
 class _NotInMemory(Exception):

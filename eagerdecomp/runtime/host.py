@@ -23,9 +23,12 @@ On the record. Every call is counted in the report under the route ``cpu fallbac
 the blocking op of its chain, the bytes copied each way and the time spent copying; the
 first call of each op logs one warning (logger ``eagerdecomp``, so the logging setup
 silences it). ``EAGERDECOMP_CPU_FALLBACK_OPS`` (comma-separated op names: ``linalg_eigh``,
-``aten::linalg_eigh``, or one overload ``aten.linalg_eigh.default``) limits the tier to those
-ops; ``EAGERDECOMP_CPU_FALLBACK_DENY`` keeps ops out of it. Both are read when the device is
-enabled or the mode made.
+``aten::_linalg_svd``, or one overload ``aten._linalg_eigh.eigenvalues``) limits the tier to those
+ops; ``EAGERDECOMP_CPU_FALLBACK_DENY`` keeps ops out of it. A name covers every overload that can
+arrive for it: its in-place and out= variants, and for a CompositeImplicitAutograd op such as
+``linalg_eigh`` (which never reaches a backend) the ops its composite calls
+(:func:`~eagerdecomp.ops.opset.resolve_reaching`). Both are read when the device is enabled or
+the mode made.
 
 Per call the decision is Python's once per key; later calls with that key on the device
 switch are served by the C++ fallback with no Python (``csrc/hit.cpp``). Needs the C++ library.
@@ -41,13 +44,13 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from eagerdecomp.errors import BackendError, UnknownOpError, UnsupportedOpError
-from eagerdecomp.ops.opset import resolve_op
+from eagerdecomp.ops.opset import resolve_reaching
 from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime.exact import flat_tensors, reference, refused
-from eagerdecomp.runtime.observe import log
+from eagerdecomp.runtime.observe import log, profiling, ranged
 from eagerdecomp.runtime.stats import Route
 
-__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of", "schema_refusal"]
+__all__ = ["HostTier", "RULES", "ENV_OPS", "ENV_DENY", "device_of", "schema_refusal", "untraceable"]
 
 ENV_OPS = "EAGERDECOMP_CPU_FALLBACK_OPS"
 ENV_DENY = "EAGERDECOMP_CPU_FALLBACK_DENY"
@@ -81,10 +84,15 @@ _tokens = itertools.count(1)  # one per tier: a C++ program runs only for the ti
 
 def _ops(variable: str) -> frozenset:
     """The overloads a list variable names (``linalg_eigh``, ``aten::_linalg_svd``, one overload
-    ``aten._linalg_eigh.eigenvalues``); an unknown name is an error naming the variable."""
+    ``aten._linalg_eigh.eigenvalues``); an unknown name is an error naming the variable.
+
+    NOTE: a name reaches every overload that can arrive here for it (:func:`resolve_reaching`):
+    what reaches the tier is rarely the op the user called (``linalg_eigh`` arrives as
+    ``_linalg_eigh.eigenvalues``, ``_fused_adamw`` as ``_fused_adamw_``), and a list matching
+    only the overloads a name denotes would silently match nothing."""
     names = [n for n in (s.strip() for s in os.environ.get(variable, "").split(",")) if n]
     try:
-        return frozenset(o for n in names for o in resolve_op(n))
+        return frozenset(o for n in names for o in resolve_reaching(n))
     except UnknownOpError as e:
         raise UnknownOpError(f"{variable}: {e}") from None
 
@@ -153,10 +161,42 @@ class HostTier:
                     device.type,
                     blocking,
                 )
-        out, to_host, to_device, seconds = self._run(func, args, kwargs, device)
+        if profiling():  # the call's range names what ran: the CPU kernel, with the copies
+            out, to_host, to_device, seconds = ranged("cpu_fallback", func, self._run, func, args, kwargs, device)
+        else:
+            out, to_host, to_device, seconds = self._run(func, args, kwargs, device)
         runtime.stats.record(func, Route.CPU_FALLBACK, blocking, cache)
         runtime.stats.copied(func, blocking, to_host, to_device, seconds)
         return out
+
+
+def untraceable(func, opset, table) -> tuple | None:
+    """The chain a trace of ``func`` would stop at before tracing anything, else None: ``func``
+    (an ATen op outside ``opset``) has no decomposition and no composite kernel, or is an
+    in-place or out= variant whose functional op has none (followed through the variant rules
+    of :mod:`eagerdecomp.ops.variants` alone, which call nothing else first).
+
+    NOTE: for such an op the runtime goes to the tier without a trace over fake tensors: it
+    would trace nothing (and cost the first call a Lowerer), and under ``torch.profiler`` the
+    first call would show as ``eagerdecomp.trace <op>`` where only the CPU kernel ran.
+    """
+    from eagerdecomp.ops.implicit import is_implicit
+    from eagerdecomp.ops.variants import _inplace, out_variant
+    from eagerdecomp.runtime.lower import IDENTITY_OPS
+
+    chain: list = []
+    op = func
+    while op not in opset and op not in chain and op.namespace == "aten":
+        chain.append(op)
+        if torch.Tag.inplace_view in op.tags or op in IDENTITY_OPS or is_implicit(op):
+            return None
+        fn = table.get(op)
+        if fn is None:
+            return tuple(chain)
+        if getattr(fn, "func", None) not in (out_variant, _inplace):
+            return None
+        op = fn.args[1]  # the functional op the variant rule calls
+    return None
 
 
 def device_of(args, kwargs) -> torch.device:

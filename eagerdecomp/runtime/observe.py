@@ -6,7 +6,9 @@
   adds each traced kernel's code. Applications can also configure it like any logger.
 * Under ``torch.profiler``, each decomposed call shows as a range named
   ``eagerdecomp.<route> <op>`` (``trace``, ``replay`` or ``eager``), around the core ops it
-  ran, so a profile says where eagerdecomp's time goes. When no profiler runs, the check is
+  ran, so a profile says where eagerdecomp's time goes; a call the CPU tier decides in Python
+  shows as ``eagerdecomp.cpu_fallback <op>``, around its copies and the CPU kernel (an op with
+  no decomposition is not traced first, so no ``trace`` range precedes it). When no profiler runs, the check is
   one read of a module attribute that the profiler sets (``bench/micro.py`` measures it).
 
 Example::

@@ -334,3 +334,80 @@ def test_an_unknown_name_in_a_list_is_an_error_naming_the_variable(tier):
 
     with pytest.raises(UnknownOpError, match="EAGERDECOMP_CPU_FALLBACK_DENY: unknown op name 'linalg_eihg'"):
         tier(EAGERDECOMP_CPU_FALLBACK_DENY="linalg_eihg")
+
+
+# -- lists by the names users type (the device guide's form) -------------------------------
+
+
+def _fused_adamw_step(where):
+    p, g, ea, es = (torch.full((4,), float(i + 1)).to(where) for i in range(4))
+    torch._fused_adamw_(
+        [p], [g], [ea], [es], [], [torch.tensor(1.0).to(where)],
+        lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+    )  # fmt: skip
+    return p
+
+
+def test_deny_list_takes_the_names_the_guide_gives(tier):
+    pytest.importorskip("expecttest")  # linalg_eigh's composite is run on PyTorch's OpInfo samples
+    tier()
+    same(_fused_adamw_step("cpu"), _fused_adamw_step(DEV))  # on the tier without a list
+    # linalg_eigh arrives as _linalg_eigh.eigenvalues, a fused AdamW step as _fused_adamw_
+    tier(EAGERDECOMP_CPU_FALLBACK_DENY="linalg_eigh,_fused_adamw")
+    with pytest.raises(UnsupportedOpError, match=r"(?s)_linalg_eigh\.eigenvalues.*EAGERDECOMP_CPU_FALLBACK_DENY"):
+        torch.linalg.eigh(SYM.to(DEV))
+    with pytest.raises(UnsupportedOpError, match=r"(?s)_fused_adamw_.*EAGERDECOMP_CPU_FALLBACK_DENY"):
+        _fused_adamw_step(DEV)
+
+
+def test_allow_list_takes_the_names_the_guide_gives(tier):
+    pytest.importorskip("expecttest")
+    switch = tier(EAGERDECOMP_CPU_FALLBACK_OPS="linalg_eigh")
+    L, Q = torch.linalg.eigh(SYM.to(DEV))
+    Lc, Qc = torch.linalg.eigh(SYM)
+    same(Lc, L)
+    same(Qc, Q)
+    assert switch.report().row(aten._linalg_eigh.eigenvalues).route == "cpu fallback"
+    with pytest.raises(UnsupportedOpError, match="EAGERDECOMP_CPU_FALLBACK_OPS"):
+        torch.linalg.svd(SYM.to(DEV))
+
+
+# -- a taken-over composite whose decomposition is blocked at an op the tier runs ----------
+
+
+def test_mode_out_over_more_than_16_elements_reaches_the_tier(tier):
+    # mode's decomposition declines rows longer than 16 (libstdc++'s sort order of ties); the
+    # composite kernel of mode.values rejects any device but CPU, CUDA and XPU
+    switch = tier()
+    x = torch.randint(0, 4, (3, 20)).to(torch.float64)  # ties: the index is the kernel's own
+    got = {}
+    for where in ("cpu", DEV):
+        v = torch.empty(0, dtype=torch.float64, device=where)
+        i = torch.empty(0, dtype=torch.int64, device=where)
+        before = (v._version, i._version)
+        r = torch.mode(x.to(where), 1, out=(v, i))
+        assert r[0] is v and r[1] is i
+        got[str(where)] = (v, i, (v._version - before[0], i._version - before[1]))
+    (vc, ic, nc), (vd, idd, nd) = got["cpu"], got[str(DEV)]
+    same(vc, vd)
+    same(ic, idd)
+    assert nd == nc
+    assert switch.report().row(aten.mode.default).route == "cpu fallback"
+    same(torch.mode(x, 0)[1], torch.mode(x.to(DEV), 0)[1])  # (3 <= 16: the decomposition's own)
+
+
+def test_profiler_names_a_tier_call_by_what_ran(tier):
+    # the first call of a key is decided in Python: nothing is traced (the op has no
+    # decomposition), the CPU kernel runs inside a range naming the tier
+    tier()
+    x = (SYM + 7).to(DEV)[:2, :2]  # a key no other test made
+    with torch.profiler.profile() as prof:
+        L, _ = torch.linalg.eigh(x)
+    names = [e.name for e in prof.events() if e.name.startswith("eagerdecomp.")]
+    assert names == ["eagerdecomp.cpu_fallback aten._linalg_eigh.eigenvalues"], names
+    (rng,) = [e for e in prof.events() if e.name == names[0]]
+    # the CPU kernel ran inside it (redispatched to the CPU key, it shows as what it calls: the
+    # LAPACK error check of the CPU kernel, which no meta kernel makes)
+    kernel = [e for e in prof.events() if e.name == "aten::_linalg_check_errors"]
+    assert any(rng.time_range.start <= k.time_range.start <= k.time_range.end <= rng.time_range.end for k in kernel)
+    same(torch.linalg.eigh(SYM[:2, :2] + 7)[0], L)

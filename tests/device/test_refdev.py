@@ -314,3 +314,27 @@ def test_physical_conjugation_on_the_device_through_complex_views():
             assert y.is_conj() and torch.equal(torch.empty_like(y).copy_(y).cpu(), x.conj())
     finally:
         device_switch.disable(DEV)
+
+
+def test_torch_compile_with_the_default_backend_runs_on_edref():
+    # edref's memory is host memory: its device module offers Inductor CPU's code generators,
+    # so Inductor lowers (aten.mean.dim included) instead of raising LoweringException
+    import copy
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU())
+    x = torch.randn(3, 8)
+    want = model(x).mean(dim=1)
+    on_dev = copy.deepcopy(model).to(DEV)
+    device_switch.enable(DEV)  # what Inductor leaves to kernels (addmm.out) runs through the switch
+    try:
+        got = torch.compile(lambda t: on_dev(t).mean(dim=1))(x.to(DEV))
+    finally:
+        device_switch.disable(DEV)
+        torch._dynamo.reset()
+    assert got.device == DEV and (got.dtype, got.shape) == (want.dtype, want.shape)
+    torch.testing.assert_close(got.cpu(), want)  # compiled code rounds as it fuses, not bitwise
+    from torch._inductor.codegen.common import get_scheduling_for_device
+
+    assert get_scheduling_for_device(DEV.type) is not None

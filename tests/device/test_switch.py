@@ -480,3 +480,17 @@ def test_an_op_without_a_meta_kernel_keeps_eagers_layout(enabled):
     assert q.stride() == qc.stride() == (15, 1, 5)
     torch.testing.assert_close(q.cpu(), qc, rtol=1e-5, atol=1e-5)
     assert_same(tauc, tau)
+
+
+def test_cat_out_overlapping_an_input_is_resized_before_eagers_error(enabled):
+    # cat's kernel resizes its out, then finds it among its inputs: eager raises with it resized
+    got = {}
+    for where in ("cpu", DEV):
+        a = torch.arange(4.0).to(where)
+        v = a._version
+        with pytest.raises(RuntimeError, match="single memory location"):
+            torch.cat([a, a], out=a)
+        got[str(where)] = (a, a._version - v)
+    (a, va), (d, vd) = got["cpu"], got[str(DEV)]
+    assert (d.shape, d.stride(), d.storage_offset(), vd) == (a.shape, a.stride(), a.storage_offset(), va)
+    assert torch.equal(d.cpu()[:4], a[:4])  # (beyond the old elements: uninitialized in both)

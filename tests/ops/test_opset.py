@@ -60,3 +60,44 @@ def test_coerce():
     assert ed.OpSet.coerce(s) is s
     assert ed.OpSet.coerce("core_aten") == ed.OpSet.preset("core_aten")
     assert ed.OpSet.coerce(["aten::mm"]) == s
+
+
+# -- resolve_reaching: a user's name for an op reaches every overload that can arrive for it --
+
+
+def test_reaching_adds_the_in_place_and_out_variants():
+    from eagerdecomp.ops.opset import resolve_op, resolve_reaching
+
+    # what the fused optimizers call is the in-place form, not the packet the name denotes
+    assert aten._fused_adamw_.default not in resolve_op("_fused_adamw")
+    got = resolve_reaching("_fused_adamw")
+    assert {aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr, aten._fused_adamw.out} <= got
+    assert resolve_reaching("aten::_fused_adamw_") == got  # either spelling: the same ops
+    assert resolve_reaching("aten.add.Tensor") == {aten.add.Tensor, aten.add_.Tensor, aten.add.out}
+    assert aten.add.Scalar not in resolve_reaching("aten.add.Tensor")  # one overload: its own variants
+
+
+def test_reaching_a_composite_implicit_op_gives_the_ops_it_is_implemented_by():
+    pytest.importorskip("expecttest")  # the composite is run on PyTorch's OpInfo samples
+    from eagerdecomp.ops.opset import resolve_reaching
+
+    # linalg_eigh never reaches a backend: its composite calls _linalg_eigh, which a device's
+    # fallback meets as its out= form
+    got = resolve_reaching("linalg_eigh")
+    assert {aten._linalg_eigh.default, aten._linalg_eigh.eigenvalues} <= got
+    assert aten._linalg_eigh.eigenvalues in resolve_reaching("linalg_eigvalsh")
+    assert aten._linalg_svd.U in resolve_reaching("svd")
+
+
+def test_reaching_a_composite_with_no_samples_names_what_would_work(monkeypatch):
+    from eagerdecomp.ops import implicit
+    from eagerdecomp.ops.opset import resolve_reaching
+
+    # without torch.testing (expecttest not installed) nothing says what the composite calls
+    implicit.implemented_by.cache_clear()
+    monkeypatch.setattr(implicit, "_opinfos", lambda base: [])
+    try:
+        with pytest.raises(ed.UnknownOpError, match=r"'linalg_eigh':.*CompositeImplicitAutograd.*aten::_linalg_eigh"):
+            resolve_reaching("linalg_eigh")
+    finally:
+        implicit.implemented_by.cache_clear()

@@ -340,10 +340,15 @@ def test_cache_clear_forgets_compiled_kernels():
     assert len(c.graphs) == 2
 
 
-def test_bad_compile_arguments_are_refused():
+def test_bad_compile_arguments_are_refused(monkeypatch):
+    from torch._inductor.codegen import common
+
     with pytest.raises(UnsupportedArgumentError, match="compile must be None, 'inductor' or a callable"):
         ed.EagerDecompMode("core_aten", compile="tvm")
     _reference_device()
+    # a device that offers Inductor no code generators (edref offers CPU's: its memory is host memory)
+    monkeypatch.delitem(common.device_codegens, "edref", raising=False)
+    monkeypatch.setattr(torch.edref, "__getattr__", lambda name: None)
     with pytest.raises(BackendError, match="Inductor generates no code for this device"):
         ed.enable("edref", compile="inductor")
 

@@ -428,3 +428,34 @@ def test_linspace_at_integer_dtype_rounds_as_eagers_kernel():
     with ed.EagerDecompMode():
         assert torch.equal(torch.linspace(0, 1, 5), torch.tensor([0, 0.25, 0.5, 0.75, 1]))
         assert torch.equal(torch.linspace(-3.5, 10, 33, dtype=torch.int64), want)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: torch.cat([a, a], out=a),
+        lambda a: torch.gather(a, 0, torch.tensor([0, 1, 0, 1, 2, 3]), out=a),
+        lambda a: torch.take_along_dim(a, torch.tensor([0, 1, 2, 3, 0]), out=a),
+    ],
+)
+def test_an_out_eager_resizes_before_refusing_the_overlap_is_resized(call):
+    # a structured kernel resizes its out= first, then finds it overlapping an input: eager
+    # raises with the out already resized (and warns of the resize)
+    import warnings
+
+    a, b = torch.arange(4.0), torch.arange(4.0)
+    va, vb = a._version, b._version
+    with warnings.catch_warnings(record=True) as native_warned, pytest.raises(RuntimeError) as native:
+        warnings.simplefilter("always")
+        call(a)
+    with warnings.catch_warnings(record=True) as our_warned, pytest.raises(RuntimeError) as ours:
+        warnings.simplefilter("always")
+        with ed.EagerDecompMode():
+            call(b)
+    assert "single memory location" in str(native.value) and str(ours.value) == str(native.value)
+    assert (b.shape, b.stride(), b.storage_offset()) == (a.shape, a.stride(), a.storage_offset())
+    # the old elements are kept (what lies beyond them is uninitialized in both)
+    assert torch.equal(b.flatten()[:4], a.flatten()[:4])
+    assert b._version - vb == a._version - va
+    resized = [["resized" in str(w.message) for w in ws] for ws in (native_warned, our_warned)]
+    assert any(resized[0]) and resized[0].count(True) == resized[1].count(True)
