@@ -50,11 +50,14 @@ namespace {
 // its storage by the storage's size. So a storage the call writes is mirrored whole, at the
 // same offsets (the CPU kernel then makes eager's decisions on eager's layout), and a storage
 // it only reads is mirrored over each tensor's reach: its span and numel elements from its data
-// pointer. The host copy is never smaller than what the kernel can address: no heap overrun.
+// pointer. The host copy is never smaller than what the kernel can address, zeros past the device
+// storage's end where a reach goes beyond it (eager's own kernel overruns its heap block there):
+// no heap overrun on the host.
 struct Mirror {
   c10::Storage storage;  // the device storage
   int64_t lo = 0, hi = 0;
   at::Tensor device_bytes, host_bytes;  // uint8 views of [lo, hi), on the device and on the host
+  int64_t host_size = 0;                // the host storage's size before the kernel: did it grow it?
   bool written = false;
   // NOTE: a storage only one dense tensor reads is copied as that tensor (one .to(), its strides
   // kept): the byte copy is for shared storages, written ones, and tensors with gaps or overlaps
@@ -149,8 +152,9 @@ bool shares(const at::Tensor& h, const std::vector<const c10::StorageImpl*>& inp
 void write_back(std::vector<Mirror>& mirrors, const std::vector<Ref>& refs, Traffic& traffic) {
   for (auto& m : mirrors) {
     if (!m.written) continue;
-    const int64_t size = static_cast<int64_t>(m.host_bytes.storage().nbytes());
+    const int64_t grown = static_cast<int64_t>(m.host_bytes.storage().nbytes());
     at::Tensor device = bytes_of(m.storage, m.device_bytes.options(), 0, static_cast<int64_t>(m.storage.nbytes()));
+    const int64_t size = grown != m.host_size ? grown : device.numel();  // (the zeros past the end stay here)
     if (size > device.numel()) device.resize_({size});  // resizes the storage itself: every view sees it
     if (size == 0) continue;
     device.narrow(0, 0, size).copy_(bytes_of(m.host_bytes.storage(), m.host_bytes.options(), 0, size));
@@ -249,7 +253,7 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
     if (m.direct) continue;
     const int64_t size = static_cast<int64_t>(m.storage.nbytes());
     if (m.written) {
-      m.lo = 0, m.hi = size;
+      m.lo = 0, m.hi = std::max(size, m.hi);  // (past the storage's end: zeros, never written back)
     } else {
       m.lo -= m.lo % 16;  // every element size divides 16: each tensor's offset stays whole
     }
@@ -262,6 +266,7 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceTyp
       m.host_bytes = at::zeros({m.hi - m.lo}, dev.options().device(c10::kCPU).dtype(at::kByte));
       m.host_bytes.narrow(0, 0, have - m.lo).copy_(m.device_bytes);
     }
+    m.host_size = static_cast<int64_t>(m.host_bytes.storage().nbytes());
     traffic.to_host += have - m.lo;
   }
 
