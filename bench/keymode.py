@@ -242,9 +242,7 @@ def main(argv=None) -> int:
             "mode, C++ key": "{:.2f}x",
             "key / floor": "{:.2f}x",
         },
-        notes=[
-            "floor: the decomposition's core ops (mul, mul, add, copy_) called directly from Python with no mode."
-        ],
+        notes=["floor: the decomposition's core ops (mul, mul, add, copy_) called directly from Python with no mode."],
     )
     steps(opts.rounds, step_table)
     ops(opts.rounds, op_table)

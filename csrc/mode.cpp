@@ -90,30 +90,30 @@ Token enter(std::shared_ptr<c10::DebugInfoBase> state) {
 
 void leave(const Token& token) {
   c10::impl::tls_set_dispatch_key_included(kKey, token.was_included);
-  // NOTE: debug info is a stack; an entry pushed above ours and still there (a profiler started
-  // inside the mode and left running) is lifted off, ours popped, and it is put back on top
+  // NOTE: debug info is a stack. An entry pushed above ours and still there (a profiler started
+  // inside the mode and left running) is lifted off, ours popped, and it is put back on top. An
+  // entry of a kind we cannot name leaves ours in place, unused: get() finds the newest state, and
+  // the key, now off, no longer asks for one.
+  static const c10::DebugInfoKind kinds[] = {
+      c10::DebugInfoKind::PROFILER_STATE, c10::DebugInfoKind::PRODUCER_INFO, c10::DebugInfoKind::MOBILE_RUNTIME_INFO,
+      c10::DebugInfoKind::INFERENCE_CONTEXT, c10::DebugInfoKind::PARAM_COMMS_INFO};
   std::vector<std::pair<c10::DebugInfoKind, std::shared_ptr<c10::DebugInfoBase>>> above;
-  while (c10::ThreadLocalDebugInfo::get(kStateKind) != nullptr) {
-    std::shared_ptr<c10::DebugInfoBase> top;
+  for (;;) {
     try {
-      top = c10::ThreadLocalDebugInfo::_peek(kStateKind);
+      if (c10::ThreadLocalDebugInfo::_peek(kStateKind) == token.state) {
+        c10::ThreadLocalDebugInfo::_pop(kStateKind);
+        break;
+      }
     } catch (const c10::Error&) {
     }
-    if (top) {
-      c10::ThreadLocalDebugInfo::_pop(kStateKind);
-      if (top == token.state) break;
-      above.emplace_back(kStateKind, std::move(top));  // (never expected: a state left by another exit)
-      continue;
-    }
     bool lifted = false;
-    for (int kind = 0; kind < 256 && !lifted; ++kind) {
-      const auto k = static_cast<c10::DebugInfoKind>(kind);
-      if (k == kStateKind) continue;
+    for (const auto& k : kinds) {
       try {
         auto info = c10::ThreadLocalDebugInfo::_peek(k);
         c10::ThreadLocalDebugInfo::_pop(k);
         above.emplace_back(k, std::move(info));
         lifted = true;
+        break;
       } catch (const c10::Error&) {
       }
     }

@@ -24,8 +24,9 @@ constexpr c10::DispatchKey kWitnessKey = c10::DispatchKey::FPGA;
 
 // The kind under which the active mode's state rides in c10::ThreadLocalDebugInfo: that list
 // travels in at::ThreadLocalState (autograd's worker threads, at::launch), as the included key
-// does, where a C++ thread_local would not. A value no PyTorch kind uses.
-constexpr auto kStateKind = static_cast<c10::DebugInfoKind>(0xED);
+// does, where a C++ thread_local would not. (A kind is the address of a static name.)
+inline constexpr std::string_view kStateName = "eagerdecomp::mode";
+inline const c10::DebugInfoKind kStateKind(&kStateName);
 
 // Whether the mode leaves this call alone: fake, meta or Python-key tensors (torch.compile's
 // tracing, FakeTensorMode, subclasses), Meta in the thread's included set, or the Python key

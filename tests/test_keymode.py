@@ -181,10 +181,10 @@ def test_a_dispatch_subclass_and_fake_and_meta_tensors():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.logging_tensor import LoggingTensor
 
-    x = torch.randn(4)
+    x, m = torch.randn(4), torch.empty(4, device="meta")
     with ed.EagerDecompMode("core_aten") as mode, KernelWitness() as seen:
         sub = F.silu(LoggingTensor(x))  # its __torch_dispatch__ first, its plain ops then decomposed
-        meta = F.silu(torch.randn(4, device="meta"))  # passes through: the meta kernel's answer
+        meta = F.silu(m)  # passes through: the meta kernel's answer
         with FakeTensorMode() as fake:
             f = F.silu(fake.from_tensor(x))
     assert mode.path == CXX
