@@ -33,6 +33,19 @@ bool unserved(const c10::IValue& v) {
   return false;
 }
 
+bool has_tensor(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    const auto& v = (*stack)[i];
+    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.toListRef().empty() && v.toListRef()[0].isTensor())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void witness_record(const c10::OperatorHandle& op);
+
 bool passes_tls() {
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   return tls.excluded_.has(c10::DispatchKey::Python) || tls.included_.has_backend(c10::BackendComponent::MetaBit);
@@ -66,6 +79,16 @@ void pass_below(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::ji
   if (is_detach(op) && !unserved(stack->back()) && !passes_tls()) {
     at::Tensor self = stack->back().toTensor();
     stack->back() = at::_ops::alias::call(self);
+    return;
+  }
+  if (c10::impl::tls_is_dispatch_key_included(kWitnessKey) && !has_tensor(op, stack)) {
+    // NOTE: the witness's blind spot: BackendSelect sends a factory call with no tensor argument
+    // straight to the backend, past the witness's key, and the kernel's own calls (randn's
+    // normal_) would then reach the witness as if they were the mode's. The mode records the
+    // call it passes for the witness, and runs the kernel with the witness off.
+    witness_record(op);
+    c10::impl::ExcludeDispatchKeyGuard off{c10::DispatchKeySet(kWitnessKey)};
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
     return;
   }
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
@@ -129,6 +152,18 @@ std::mutex g_seen_mu;
 std::unordered_map<std::string, int64_t> g_seen;  // "ns::name.overload" -> calls seen below the mode
 std::vector<std::unique_ptr<torch::Library>> g_witness_libs;
 
+}  // namespace
+
+namespace {
+
+void witness_record(const c10::OperatorHandle& op) {
+  const auto& s = op.schema();
+  std::string name = s.name();
+  if (!s.overload_name().empty()) name += "." + s.overload_name();
+  std::lock_guard<std::mutex> g(g_seen_mu);
+  ++g_seen[name];
+}
+
 void witness(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   // NOTE: what reaches the kernels, not what they call: the kernel runs with the witness off,
   // as a Python recording mode pops itself around func(*args). Fake and meta calls are compile
@@ -136,13 +171,7 @@ void witness(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   bool shapes_only = false;  // (fake, meta or Python-key tensors)
   const size_t n = op.schema().arguments().size();
   for (size_t i = stack->size() - n; i < stack->size() && !shapes_only; ++i) shapes_only = unserved((*stack)[i]);
-  if (!shapes_only) {
-    const auto& s = op.schema();
-    std::string name = s.name();
-    if (!s.overload_name().empty()) name += "." + s.overload_name();
-    std::lock_guard<std::mutex> g(g_seen_mu);
-    ++g_seen[name];
-  }
+  if (!shapes_only) witness_record(op);
   c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKeySet(kWitnessKey)};
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWitnessKey), stack);
 }
