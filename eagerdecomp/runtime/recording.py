@@ -94,8 +94,9 @@ class KernelWitness(_Seen):
 
     Sees what a kernel is called for, not what the kernel calls (it runs with the witness off).
     Blind, as any key below ``BackendSelect`` is: factory ops with no tensor argument whose
-    kernel is chosen by ``BackendSelect`` (``empty.memory_format``, ``tril_indices``...), and ops
-    on sparse, quantized and nested tensors (their keys outrank it). Fake and meta calls are
+    kernel is chosen by ``BackendSelect`` (``empty.memory_format``, ``randn``...; the mode's C++
+    key records those it passes through, see docs/internals.md), and ops on sparse, quantized
+    and nested tensors (their keys outrank it). Fake and meta calls are
     not counted. One witness records at a time; it sees this thread and the threads autograd
     and ``at::launch`` run for it.
     """
