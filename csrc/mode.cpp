@@ -7,10 +7,12 @@
 #include <torch/library.h>
 
 #include <ATen/Operators.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <pybind11/stl.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -164,6 +166,38 @@ void witness_record(const c10::OperatorHandle& op) {
   ++g_seen[name];
 }
 
+// Per thread, for each dispatcher call in progress (RecordFunction's start and end, while a
+// witness records): whether the op takes no tensor argument. Such a factory call may skip the
+// witness's key (BackendSelect sends it straight to the backend), and then the calls its kernel
+// makes (randn's normal_, full's fill_) reach the witness as if the mode had made them: a call
+// whose caller is one is not counted.
+thread_local std::vector<char> t_factory;
+std::optional<at::CallbackHandle> g_callback;
+
+std::unique_ptr<at::ObserverContext> call_started(const at::RecordFunction& fn) {
+  bool factory = false;
+  if (auto name = fn.operator_name()) {
+    if (auto h = c10::Dispatcher::singleton().findOp(*name)) {
+      factory = true;
+      for (const auto& a : h->schema().arguments()) {
+        if (a.type()->kind() == c10::TypeKind::TensorType || a.type()->isSubtypeOf(*c10::ListType::ofTensors()) ||
+            a.type()->isSubtypeOf(*c10::OptionalType::ofTensor())) {
+          factory = false;
+          break;
+        }
+      }
+    }
+  }
+  t_factory.push_back(factory);
+  return nullptr;
+}
+
+void call_ended(const at::RecordFunction&, at::ObserverContext*) {
+  if (!t_factory.empty()) t_factory.pop_back();
+}
+
+bool made_by_factory() { return t_factory.size() >= 2 && t_factory[t_factory.size() - 2]; }
+
 void witness(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   // NOTE: what reaches the kernels, not what they call: the kernel runs with the witness off,
   // as a Python recording mode pops itself around func(*args). Fake and meta calls are compile
@@ -171,7 +205,7 @@ void witness(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::
   bool shapes_only = false;  // (fake, meta or Python-key tensors)
   const size_t n = op.schema().arguments().size();
   for (size_t i = stack->size() - n; i < stack->size() && !shapes_only; ++i) shapes_only = unserved((*stack)[i]);
-  if (!shapes_only) witness_record(op);
+  if (!shapes_only && !made_by_factory()) witness_record(op);
   c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKeySet(kWitnessKey)};
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWitnessKey), stack);
 }
@@ -207,6 +241,14 @@ void init(py::module_& m) {
   h.def("witness_on", [](bool on) {
     const bool prev = c10::impl::tls_is_dispatch_key_included(kWitnessKey);
     c10::impl::tls_set_dispatch_key_included(kWitnessKey, on);
+    if (on && !g_callback) {
+      g_callback = at::addGlobalCallback(
+          at::RecordFunctionCallback(&call_started, &call_ended).scopes({at::RecordScope::FUNCTION}));
+    } else if (!on && g_callback) {
+      at::removeCallback(*g_callback);
+      g_callback.reset();
+      t_factory.clear();
+    }
     return prev;
   }, "Include (or not) the witness's key in this thread; returns the previous state");
   h.def("witness_seen", []() {
