@@ -234,8 +234,8 @@ def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
     torch.set_num_threads(1)  # forked workers must not inherit an OpenMP pool
     tables = _tables()
     t0 = time.perf_counter()
-    progress(f"running OpInfo samples for {len(ops)} ops (the slow part has no count: about a minute idle)")
-    pool = Pool.from_opinfo(ops, names=opinfo_names)
+    progress(f"{len(ops)} ops: loading PyTorch's OpInfo database, then running its samples")
+    pool = Pool.from_opinfo(ops, names=opinfo_names, bar=getattr(progress, "bar", None))
     progress(f"ran OpInfo samples: {len(pool.by_op)} ops called ({time.perf_counter() - t0:.0f} s)")
     graph = {flavour: {} for flavour in tables}
     todo = list(ops)
@@ -286,7 +286,7 @@ def _serve() -> None:
         bar.interrupt()  # a message ends the bar's line; the bar redraws below it
         print(f"[eagerdecomp coverage] {msg}", file=err, flush=True)
 
-    bar = ProgressBar(err, "[eagerdecomp coverage] analysing ops")
+    bar = ProgressBar(err, "analysing ops", prefix="[eagerdecomp coverage] ")
     progress.bar = bar  # guarded_map draws the count of ops analysed on it
 
     if job.get("ops") is None:

@@ -28,8 +28,8 @@ class ProgressBar:
     a log, where a carriage return would pile up, a line is written at each tenth instead.
     """
 
-    def __init__(self, stream, label: str, width: int = 30):
-        self.stream, self.label, self.width = stream, label, width
+    def __init__(self, stream, label: str, width: int = 30, prefix: str = ""):
+        self.stream, self.label, self.width, self.prefix = stream, label, width, prefix
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.total = 0
         self.t0 = time.monotonic()
@@ -37,9 +37,11 @@ class ProgressBar:
         self._tenth = -1  # the last tenth written as a line
         self._open = False  # a terminal line without its newline yet
 
-    def start(self, total: int) -> None:
-        """A new count to ``total`` (a new round of analysis)."""
+    def start(self, total: int, label: str | None = None) -> None:
+        """A new count to ``total`` (a new phase, or round of analysis), under ``label`` if given."""
+        self.interrupt()
         self.total, self.t0, self._tenth = total, time.monotonic(), -1
+        self.label = label or self.label
 
     def update(self, done: int) -> None:
         """Show ``done`` of the total."""
@@ -73,7 +75,7 @@ class ProgressBar:
         filled = self.width * done // self.total
         spent = now - self.t0
         bar = "#" * filled + "-" * (self.width - filled)
-        text = f"{self.label} [{bar}] {done}/{self.total} ({100 * done // self.total}%), {spent:.0f} s"
+        text = f"{self.prefix}{self.label} [{bar}] {done}/{self.total} ({100 * done // self.total}%), {spent:.0f} s"
         if 0 < done < self.total:
             text += f", about {spent * (self.total - done) / done:.0f} s left"
         return text
@@ -90,7 +92,7 @@ def guarded_map(fn, items: list, workers: int, progress=None) -> dict:
     total = len(items)
     bar = getattr(progress, "bar", None)
     if bar is not None:
-        bar.start(total)
+        bar.start(total, "analysing ops")
     while pending:
         shares = [pending[i::workers] for i in range(workers)]
         running = []
