@@ -40,7 +40,7 @@ class ProgressBar:
     def start(self, total: int, label: str | None = None) -> None:
         """A new count to ``total`` (a new phase, or round of analysis), under ``label`` if given."""
         self.interrupt()
-        self.total, self.t0, self._tenth = total, time.monotonic(), -1
+        self.total, self.t0, self._tenth, self._drawn = total, time.monotonic(), -1, 0.0
         self.label = label or self.label
 
     def update(self, done: int) -> None:

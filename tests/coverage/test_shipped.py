@@ -108,6 +108,26 @@ def test_the_progress_bar_on_a_log_writes_a_line_per_tenth():
     assert "100/200 (50%)" in lines[5] and "left" in lines[5] and lines[-1].split("] ")[1].startswith("200/200 (100%)")
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_bar_on_a_terminal_redraws_one_line_and_ends_it():
+    out = _Terminal()
+    bar = ProgressBar(out, "running OpInfo samples", prefix="[x] ")
+    bar.start(50)
+    for done in range(51):
+        bar.update(done)
+    text = out.getvalue()
+    assert text.startswith("\r[x] running OpInfo samples [") and text.endswith("50/50 (100%), 0 s\n")
+    assert text.count("\n") == 1  # one line, redrawn in place, ended once the count is complete
+    bar.start(4, "analysing ops")
+    bar.update(1)
+    bar.interrupt()  # a message is printed next: the half-drawn line is ended first
+    assert out.getvalue().endswith("1/4 (25%), 0 s, about 0 s left\n")
+
+
 class _Recorder(ProgressBar):
     def __init__(self):
         super().__init__(io.StringIO(), "test")
