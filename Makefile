@@ -9,7 +9,7 @@ JOBS ?= auto
 # conformance-edref: samples per OpInfo and dtype (0: every one)
 SAMPLES ?= 0
 
-.PHONY: demo test check heavy lint format docs wheel parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress memcheck bench report corpus install clean
+.PHONY: demo test check heavy lint format docs wheel coverage-graph parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress memcheck bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -162,6 +162,12 @@ report: install
 	$(PY) -m eagerdecomp coverage --summary
 	$(PY) -m eagerdecomp coverage --format html -o coverage.html
 	$(PY) -m eagerdecomp coverage --models --summary
+
+# rebuild the decomposition graph the package ships (eagerdecomp/coverage/data/graph.json.gz) for
+# $(TORCH): after a change to the decompositions or to the code that builds the graph, whose
+# fingerprint then no longer matches (tests/coverage/test_shipped.py says so). Minutes on 2 cores.
+coverage-graph: install
+	nice $(PY) -m eagerdecomp coverage graph
 
 # re-record the shipped model corpus (eagerdecomp/coverage/data/models.json) from transformers'
 # architectures and the hand-written CNNs: tens of minutes on 2 cores, resumable if stopped

@@ -13,6 +13,7 @@ Examples::
     python -m eagerdecomp coverage --models --summary         # which models of the corpus run; ops to add for 50-100%
     python -m eagerdecomp coverage --models --corpus ../shared/data/pytorch_model_ops.json --format json
     python -m eagerdecomp coverage record                     # re-record the model corpus (tens of minutes)
+    python -m eagerdecomp coverage graph                      # rebuild the graph the package ships (minutes)
     python -m eagerdecomp profile train.py --epochs 1         # run a script under the mode
     python -m eagerdecomp cache build -o bundle/              # pre-trace the demo, BERT and Llama kernels
     python -m eagerdecomp cache build --corpus models.json --models Bert Llama --dtypes float32,bfloat16 -o bundle/
@@ -100,6 +101,21 @@ def _record(args) -> int:
     data = record_corpus(args.output or DATA, limit=args.limit, only=args.only, timeout=args.timeout, progress=progress)
     print(
         f"recorded {len(data['models'])} models ({len(data['skipped'])} skipped) to {args.output or DATA}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _ship_graph(args) -> int:
+    from eagerdecomp.coverage.graph import SHIPPED, fingerprint, load_graph, write_shipped
+
+    # NOTE: built afresh, not taken from the disk cache: the shipped file is what this code
+    # and this torch give, whatever this machine cached before
+    graph = load_graph(rebuild=True)
+    path = write_shipped(graph, args.output or SHIPPED)
+    print(
+        f"wrote {path} ({path.stat().st_size // 1024} KB; fingerprint {fingerprint()}, built in "
+        f"{graph.build_seconds:.0f} s)",
         file=sys.stderr,
     )
     return 0
@@ -269,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --models: the smallest (greedy) op set to add to run this share of models (default 50, 80, 90, 100)",
     )
     rep.set_defaults(run=_report)
-    actions = rep.add_subparsers(dest="action", metavar="record")
+    actions = rep.add_subparsers(dest="action", metavar="record|graph")
     rec = actions.add_parser("record", help="record the model corpus: the aten ops each model calls (tens of minutes)")
     rec.add_argument(
         "-o",
@@ -281,6 +297,17 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--limit", type=int, help="only the first N models")
     rec.add_argument("--timeout", type=float, default=120.0, help="seconds per model (default 120)")
     rec.set_defaults(run=_record)
+    ship = actions.add_parser(
+        "graph",
+        help="build the decomposition graph for this torch and write it as the file the package ships (minutes)",
+    )
+    ship.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="where to write it (default: the shipped eagerdecomp/coverage/data/graph.json.gz)",
+    )
+    ship.set_defaults(run=_ship_graph)
 
     prof = sub.add_parser("profile", help="run a script under the mode and report what it hit")
     opset_args(prof)

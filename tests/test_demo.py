@@ -1,5 +1,6 @@
 """`make demo`, one of the two commands a newcomer types, runs and says what it promises."""
 
+import json
 import subprocess
 import sys
 
@@ -14,3 +15,36 @@ def test_the_demo_runs_and_matches_native():
     # on the reference device: strict alone, and every kernel it ran its own with the switch
     assert "without eagerdecomp: NotImplementedError" in out, out
     assert "all its own: True" in out, out
+
+
+# runs the demo's first half with time_steps watched: the modes active whenever it times steps
+SPEED = r"""
+import json
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+import eagerdecomp.demo as demo
+
+stacks, timed = [], demo.time_steps
+
+def watched(*args, **kwargs):
+    stacks.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()])
+    return timed(*args, **kwargs)
+
+demo.time_steps = watched
+demo.device_main = lambda steps: None  # the device half: test_the_demo_runs_and_matches_native
+demo.main(steps=3)
+print(json.dumps(stacks))
+"""
+
+
+def test_the_demo_times_its_steps_without_the_witness():
+    """The recording witness is a second Python mode (about 2x a step): the timed steps run
+    natively or under EagerDecompMode alone, and the witness still checks exactness."""
+    proc = subprocess.run([sys.executable, "-c", SPEED], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    *out, last = proc.stdout.strip().splitlines()
+    stacks = json.loads(last)
+    assert [] in stacks and ["EagerDecompMode"] in stacks, stacks  # native, and the mode, were timed
+    assert all(s in ([], ["EagerDecompMode"]) for s in stacks), stacks
+    text = "\n".join(out)
+    assert "only core ATen ops reached the kernels (independent recorder): True" in text, text
+    assert "with dropout too: True" in text and "timed without the recording witness" in text, text

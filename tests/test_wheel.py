@@ -135,6 +135,7 @@ def test_the_wheel_holds_every_subpackage_its_data_and_entry_points(installed):
     for pkg in SUBPACKAGES:
         assert pkg.replace(".", "/") + "/__init__.py" in names, f"{pkg} missing from {wheel.name}"
     assert "eagerdecomp/coverage/data/models.json" in names
+    assert "eagerdecomp/coverage/data/graph.json.gz" in names  # the coverage tool's graph, prebuilt
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -160,3 +161,19 @@ def test_the_installed_commands_run_outside_the_checkout(installed, tmp_path):
     script = site / "bin" / "eagerdecomp"
     out = _run([sys.executable, "-S", str(script), "coverage", "--models", "--summary"], cwd=tmp_path, env=env)
     assert "Ops to add to run a share of the models" in out
+
+
+def test_the_installed_coverage_tool_answers_from_the_shipped_graph(installed, tmp_path):
+    from eagerdecomp.coverage.graph import read_shipped
+
+    if read_shipped()[0] is None:
+        pytest.skip("the shipped graph is stale (tests/coverage/test_shipped.py says so): it would build for minutes")
+    _, site = installed
+    cache = tmp_path / "cache"  # empty: a fresh install's first command
+    env = _env(site) | {"EAGERDECOMP_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, "-S", "-m", "eagerdecomp", "coverage", "--summary", "--top", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("core_aten (") and "Implement next" in proc.stdout, proc.stdout
+    assert "building the coverage graph" not in proc.stderr, proc.stderr[-3000:]
+    assert not list(cache.rglob("coverage-*.json"))  # read from the package, nothing built

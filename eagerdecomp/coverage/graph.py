@@ -12,9 +12,13 @@ the reason: never guessed.
 
 Building takes minutes (every OpInfo sample runs, and meta kernels can crash the
 process on guessed arguments, so ops are analysed in forked workers of a fresh
-process: :mod:`eagerdecomp.coverage.workers`); the graph is cached under
-``cache_dir("coverage")`` (:mod:`eagerdecomp.paths`) keyed by the torch version, the
-code that builds it and the decomposition tables.
+process: :mod:`eagerdecomp.coverage.workers`), so the package ships the graph built
+for the torch it was released with (:data:`SHIPPED`, written by ``make coverage-graph``).
+Every graph carries a :func:`fingerprint` of the torch build, the code that builds it
+and the decomposition tables; one whose fingerprint differs from this process's is
+never used. When the shipped graph does not match (another torch, edited
+decompositions), :func:`load_graph` builds the graph once, with a progress bar, and
+caches it under ``cache_dir("coverage")`` (:mod:`eagerdecomp.paths`).
 
 Example::
 
@@ -26,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -36,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from eagerdecomp.coverage.workers import run_job
+from eagerdecomp.coverage.workers import ProgressBar, run_job
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import op_from_name, overloads
 from eagerdecomp.runtime.paths import cache_dir
@@ -50,6 +55,10 @@ __all__ = [
     "load_graph",
     "save_graph",
     "cache_path",
+    "fingerprint",
+    "read_shipped",
+    "write_shipped",
+    "SHIPPED",
     "verify",
     "flavour_of",
     "name",
@@ -225,7 +234,8 @@ def _build(ops: list, opinfo_names, workers: int, progress) -> dict:
     torch.set_num_threads(1)  # forked workers must not inherit an OpenMP pool
     tables = _tables()
     t0 = time.perf_counter()
-    pool = Pool.from_opinfo(ops, names=opinfo_names)
+    progress(f"{len(ops)} ops: loading PyTorch's OpInfo database, then running its samples")
+    pool = Pool.from_opinfo(ops, names=opinfo_names, bar=getattr(progress, "bar", None))
     progress(f"ran OpInfo samples: {len(pool.by_op)} ops called ({time.perf_counter() - t0:.0f} s)")
     graph = {flavour: {} for flavour in tables}
     todo = list(ops)
@@ -273,7 +283,11 @@ def _serve() -> None:
     os.dup2(devnull, 2)
 
     def progress(msg):
+        bar.interrupt()  # a message ends the bar's line; the bar redraws below it
         print(f"[eagerdecomp coverage] {msg}", file=err, flush=True)
+
+    bar = ProgressBar(err, "analysing ops", prefix="[eagerdecomp coverage] ")
+    progress.bar = bar  # guarded_map draws the count of ops analysed on it
 
     if job.get("ops") is None:
         ops = universe()
@@ -310,8 +324,12 @@ _GRAPH_SOURCES = (
 )
 
 
-def _fingerprint() -> str:
-    """The torch version and the sources that decide the graph.
+def fingerprint() -> str:
+    """What decides the graph: the torch build (version, commit, CUDA/HIP) and the sources
+    of :data:`_GRAPH_SOURCES` and the decomposition family modules.
+
+    A graph is used only where its fingerprint equals this one: a graph built for other
+    code or another torch would answer for ops it never analysed, so it is rebuilt instead.
 
     NOTE: read from the files, not from the tables built in this process: building both
     flavours' tables costs seconds, which every cached answer would pay, and the graph is
@@ -319,13 +337,24 @@ def _fingerprint() -> str:
     """
     from eagerdecomp.decompositions.table import FAMILY_MODULES
 
-    h = hashlib.sha256(torch.__version__.encode())
+    # NOTE: two builds with one version string can differ (a source build at another
+    # commit, a CUDA build's extra ops): the commit and the accelerator are part of it
+    build = f"{torch.__version__}|{torch.version.git_version}|{torch.version.cuda}|{torch.version.hip}|{FORMAT}"
+    h = hashlib.sha256(build.encode())
     here = Path(__file__).parent.parent  # the package: sources are named from there
     for path in _GRAPH_SOURCES + tuple(f"decompositions/{m}.py" for m in FAMILY_MODULES):
         # NOTE: a missing file is an error, not a skip: a moved module would otherwise drop
         # out of the fingerprint silently, and a stale graph would answer for new code
         h.update(path.encode() + (here / path).read_bytes())
     return h.hexdigest()[:16]
+
+
+# the layout of the graph files; a change rebuilds every graph (it is part of the fingerprint)
+FORMAT = "eagerdecomp coverage graph 2"
+
+# the graph the package ships: built by `make coverage-graph` (write_shipped) for the torch
+# pinned in the Makefile, gzip'd JSON (the plain JSON is ~10x larger)
+SHIPPED = Path(__file__).parent / "data" / "graph.json.gz"
 
 
 def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = False) -> Graph:
@@ -345,14 +374,37 @@ def build_graph(ops=None, opinfo_names=None, workers: int = 2, quiet: bool = Fal
 
 
 def load_graph(rebuild: bool = False, quiet: bool = False) -> Graph:
-    """The full graph, from the disk cache or built (and cached) when missing or stale."""
+    """The full graph for this torch and these sources.
+
+    In order: the disk cache (a graph this machine built), the graph the package ships
+    (:data:`SHIPPED`) when its fingerprint is this process's, else built (minutes, with a
+    progress bar on stderr unless ``quiet``) and cached. ``rebuild=True`` builds it anyway.
+    :attr:`Graph.source` says which (``"cache"``, ``"shipped"``, ``"built"``).
+    """
     path = cache_path()
-    if path.exists() and not rebuild:
-        with open(path) as f:
-            data = json.load(f)
-        return Graph(data["flavours"], build_seconds=data.get("build_seconds"), path=str(path))
+    if not rebuild:
+        if path.exists():
+            with open(path) as f:
+                data = json.load(f)
+            # NOTE: the file's name carries the fingerprint; the one inside guards a copied
+            # or renamed file (files of the first format have none: their name is the check)
+            if data.get("fingerprint", fingerprint()) == fingerprint():
+                return Graph(data["flavours"], build_seconds=data.get("build_seconds"), path=str(path), source="cache")
+        shipped, why = read_shipped()
+        if shipped is not None:
+            return shipped
+    else:
+        why = "asked to rebuild it"
+    if not quiet:
+        print(
+            f"eagerdecomp: building the coverage graph for torch {torch.__version__} ({why}); "
+            f"minutes, once: it is cached in {path.parent}",
+            file=sys.stderr,
+            flush=True,
+        )
     graph = build_graph(quiet=quiet)
     save_graph(graph, path)
+    graph.source = "built"
     for stale in path.parent.glob(f"coverage-torch{torch.__version__}-*.json"):
         if stale != path:  # built for older sources of eagerdecomp
             stale.unlink(missing_ok=True)
@@ -361,7 +413,7 @@ def load_graph(rebuild: bool = False, quiet: bool = False) -> Graph:
 
 def cache_path() -> Path:
     """Where :func:`load_graph` keeps the graph for this torch and these sources."""
-    return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{_fingerprint()}.json"
+    return cache_dir("coverage") / f"coverage-torch{torch.__version__}-{fingerprint()}.json"
 
 
 def save_graph(graph: Graph, path=None) -> None:
@@ -370,18 +422,58 @@ def save_graph(graph: Graph, path=None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        json.dump({"flavours": graph.flavours, "build_seconds": graph.build_seconds}, f)
+        json.dump({"fingerprint": fingerprint(), "flavours": graph.flavours, "build_seconds": graph.build_seconds}, f)
     os.replace(tmp, path)
     graph.path = str(path)
+
+
+def read_shipped(path=None) -> tuple:
+    """``(graph, None)`` from the shipped file when its fingerprint is this process's, else
+    ``(None, why not)``: a stale graph is never used."""
+    path = Path(path or SHIPPED)
+    if not path.exists():
+        return None, f"the package ships no graph at {path}"
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    if data.get("fingerprint") != fingerprint():
+        return None, (
+            f"the shipped graph is for torch {data.get('torch', '?')} and other sources "
+            f"(fingerprint {data.get('fingerprint')}, here {fingerprint()})"
+            if data.get("torch") == torch.__version__
+            else f"the shipped graph is for torch {data.get('torch', '?')}"
+        )
+    return Graph(data["flavours"], build_seconds=data.get("build_seconds"), path=str(path), source="shipped"), None
+
+
+def write_shipped(graph: Graph, path=None) -> Path:
+    """Write ``graph`` as the file the package ships (:data:`SHIPPED` by default), stamped
+    with this process's :func:`fingerprint`. The bytes depend only on the graph and the
+    fingerprint (sorted keys, no timestamp), so rebuilding an unchanged graph changes no byte."""
+    path = Path(path or SHIPPED)
+    data = {
+        "format": FORMAT,
+        "fingerprint": fingerprint(),
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "flavours": graph.flavours,
+    }
+    raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    tmp = path.with_suffix(".tmp")
+    # NOTE: mtime=0 and no file name in the header: the same graph gives the same bytes
+    with open(tmp, "wb") as out, gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as z:
+        z.write(raw)
+    os.replace(tmp, path)
+    return path
 
 
 class Graph:
     """``flavours[flavour][op name] -> Node dict``: the one-level graphs."""
 
-    def __init__(self, flavours: dict, build_seconds=None, path=None):
+    def __init__(self, flavours: dict, build_seconds=None, path=None, source=None):
         self.flavours = flavours
         self.build_seconds = build_seconds
         self.path = path
+        self.source = source  # where load_graph found it: "cache", "shipped" or "built"
 
     def nodes(self, flavour: str) -> dict:
         return self.flavours[flavour]

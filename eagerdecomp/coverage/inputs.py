@@ -155,13 +155,14 @@ class Pool:
         return True
 
     @classmethod
-    def from_opinfo(cls, wanted, names=None) -> Pool:
+    def from_opinfo(cls, wanted, names=None, bar=None) -> Pool:
         """Run PyTorch's OpInfo samples (those whose name is in ``names``, or all) under a
-        capturing mode; bind each OpInfo's samples to the ``wanted`` overloads of its packet."""
+        capturing mode; bind each OpInfo's samples to the ``wanted`` overloads of its packet.
+        ``bar`` (a :class:`~eagerdecomp.coverage.workers.ProgressBar`) counts the OpInfos run."""
         pool = cls()
         with quiet(), torch.random.fork_rng():
             torch.manual_seed(0)
-            _from_opinfo(pool, set(wanted), names)
+            _from_opinfo(pool, set(wanted), names, bar)
         return pool
 
 
@@ -300,16 +301,19 @@ def _from_programs(pool: Pool) -> None:
             pass
 
 
-def _from_opinfo(pool: Pool, wanted, names) -> None:
+def _from_opinfo(pool: Pool, wanted, names, bar=None) -> None:
     if names is None:
         _from_programs(pool)
     try:
         from torch.testing._internal.common_methods_invocations import op_db
     except Exception:  # noqa: BLE001 - needs expecttest; without it, only derived and synthesized inputs
         return
-    for info in op_db:
-        if names is not None and info.name not in names:
-            continue
+    infos = [info for info in op_db if names is None or info.name in names]
+    if bar is not None:
+        bar.start(len(infos), "running OpInfo samples")
+    for done, info in enumerate(infos):
+        if bar is not None:
+            bar.update(done)
         dtype = _opinfo_dtype(info)
         if dtype is None:
             continue
@@ -323,6 +327,8 @@ def _from_opinfo(pool: Pool, wanted, names) -> None:
             if op in wanted:
                 for s in bound:
                     pool.candidates[op].append(tree_map(_detached, ((s.input, *s.args), dict(s.kwargs))))
+    if bar is not None:
+        bar.update(len(infos))
 
 
 # -- derived: in-place and out= overloads from their functional overload ---------------------

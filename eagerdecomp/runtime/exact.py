@@ -30,7 +30,6 @@ from torch._subclasses.fake_tensor import (
     UnsupportedFakeTensorException,
     UnsupportedOperatorException,
 )
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -228,16 +227,24 @@ def _dense(shape, stride) -> bool:
     return True
 
 
-# What fake tensors raise when they cannot run an op's meta kernel: no kernel, a data value
-# or a data-dependent shape needed. None of these says the call itself is invalid.
-_NO_META = (
-    NotImplementedError,
-    UnsupportedOperatorException,
-    UnsupportedFakeTensorException,
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    GuardOnDataDependentSymNode,
-)
+@functools.cache
+def _no_meta() -> tuple:
+    """What fake tensors raise when they cannot run an op's meta kernel: no kernel, a data
+    value or a data-dependent shape needed. None of these says the call itself is invalid.
+
+    NOTE: a function, not a module constant: symbolic_shapes (and sympy under it) is
+    imported at the first failed meta kernel, not by ``import eagerdecomp``.
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (
+        NotImplementedError,
+        UnsupportedOperatorException,
+        UnsupportedFakeTensorException,
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        GuardOnDataDependentSymNode,
+    )
 
 
 class Refusal:
@@ -287,7 +294,7 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     try:
         with quiet(), mode:  # the real call warns for itself
             out = func(*fargs, **fkwargs)
-    except _NO_META:
+    except _no_meta():
         return None if on_host is None or func._schema.is_mutable else _host_reference(func, args, kwargs, on_host)
     except AssertionError as e:
         # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
@@ -543,6 +550,8 @@ def same_strides(r, o) -> bool:
 
 def _surely_same_strides(r, o) -> bool:
     """Every stride equal, size-1 dims included, without guarding on a symbolic one."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true  # (imported here: see _no_meta)
+
     return all(statically_known_true(a == b) for a, b in zip(r.stride(), o.stride()))
 
 

@@ -27,7 +27,6 @@ import functools
 import operator
 import threading
 
-import sympy
 import torch
 
 __all__ = [
@@ -234,6 +233,7 @@ class SymGraph:
         return self.graph.call_function(fn, tuple(args))
 
     def _build(self, e):
+        import sympy
         from torch.utils._sympy import functions as F
 
         if isinstance(e, sympy.Integer) or e.is_Integer:
@@ -329,9 +329,15 @@ def compile_expr(e):
     """``fn(values) -> int`` for an int or a sympy expression of input symbols: :func:`evaluate`
     without sympy at each call (a new exact key of a family evaluates its output layout:
     xreplace costs tens of microseconds an expression, this a few)."""
+    if isinstance(e, int):
+        return lambda values: e
+    # NOTE: imported here, not at the top: a process that never makes a family (pass-through,
+    # exact-shape kernels) does not pay for sympy (seconds on a busy machine); an expression
+    # to compile means sympy is loaded already
+    import sympy
     from torch.utils._sympy import functions as F
 
-    if isinstance(e, int) or e.is_Integer:
+    if e.is_Integer:
         v = int(e)
         return lambda values: v
     if isinstance(e, sympy.Symbol):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import operator
 
-import sympy
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import (
@@ -298,6 +297,8 @@ def _unproven(env, ref, metas, shares, undecided) -> str | None:
 
 
 def _equal(env, a, b) -> bool:
+    import sympy  # only symbolic traces get here: import eagerdecomp does not load sympy
+
     return a == b or env._maybe_evaluate_static(sympy.Eq(a, b)) == sympy.true
 
 
