@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from eagerdecomp.runtime.recording import RecordingMode
 
-__all__ = ["RecordingMode", "reference_device"]
+__all__ = ["RecordingMode", "reference_device", "prims_reference_device"]
 
 
 def reference_device():
@@ -26,3 +26,13 @@ def reference_device():
     from eagerdecomp.device.refdev import reference_device as load
 
     return load()
+
+
+def prims_reference_device():
+    """The strict prims reference device (``edprims``, kernels for the ``prims_fusion`` preset);
+    see :mod:`eagerdecomp.device.refdev`. One reference device per process: not in a process
+    that registered ``edref``."""
+    from eagerdecomp.device.refdev import PRIMS_DEVICE_NAME
+    from eagerdecomp.device.refdev import reference_device as load
+
+    return load(PRIMS_DEVICE_NAME)
