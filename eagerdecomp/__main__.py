@@ -234,9 +234,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def opset_args(p):
         group = p.add_mutually_exclusive_group()
-        group.add_argument(
-            "--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)"
-        )
+        group.add_argument("--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)")
         group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
         p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
@@ -302,9 +300,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o", "--output", metavar="DIR", required=True, help="the bundle's folder (new, empty, or a bundle)"
     )
     group = build.add_mutually_exclusive_group()
-    group.add_argument(
-        "--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)"
-    )
+    group.add_argument("--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)")
     group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
     build.add_argument(
         "--workloads",

@@ -74,6 +74,7 @@ DISPATCH_KEYS = {
     "privateuseone": "PrivateUse1",
 }
 
+
 @dataclass
 class DeviceSwitch:
     """One enabled device: its key, the runtime its fallback calls, and the registration."""

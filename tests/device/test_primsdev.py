@@ -29,7 +29,12 @@ def _run(code: str, timeout: float = 900) -> dict:
     """Run ``code`` in a fresh process; it prints one JSON object as its last line."""
     env = dict(os.environ, EAGERDECOMP_DISK_CACHE="0")
     r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -92,7 +97,9 @@ def test_strict_alone_and_trains_the_demo_with_the_switch():
                 ld, lossd, gd = train_step(ours, opt_d, x.to(dev), y.to(dev))
                 res["loss"].append(abs(lossd.cpu() - lossc).item())
                 res["logits"].append((ld.cpu() - lc).abs().max().item())
-                res["grads"].append(max(((a.cpu() - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(gd, gc)))
+                rel = [(a.cpu() - b).abs().max() / b.abs().max().clamp_min(1e-12) for a, b in zip(gd, gc)]
+                res["grads"].append(max(r.item() for r in rel))
+
         class OnHost:  # the device model's parameters on the host, for _max_param_diff
             def parameters(self):
                 return [p.detach().cpu() for p in ours.parameters()]

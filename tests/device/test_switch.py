@@ -357,7 +357,9 @@ def test_enable_refuses_a_prims_opset_on_a_core_device(disabled, preset):
     # runs on any key; it is not edref's, and counting it let edref "speak" prims while receiving aten
     missing = sorted(str(op) for op in ed.OpSet.preset(preset) if op not in DEVICE_OPS)
     assert "prims.add.default" in missing
-    with pytest.raises(BackendError, match=rf"the opset {preset} claims {len(missing)} op\(s\) the device has no kernel for") as e:
+    with pytest.raises(
+        BackendError, match=rf"the opset {preset} claims {len(missing)} op\(s\) the device has no kernel for"
+    ) as e:
         device_switch.enable(DEV, preset)
     assert missing[0] in str(e.value) and "a composite kernel does not count" in str(e.value)
     assert device_switch.enabled(DEV) is None
