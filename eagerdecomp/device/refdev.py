@@ -100,6 +100,14 @@ PRIMS_DEVICE_RUNTIME_OPS = {
     "aten::_to_copy": "Tensor.to(device) and .cpu(): moving data onto the device and back",
     "aten::as_strided": "views PyTorch's C++ makes itself (autograd's view replay, .grad views)",
     "aten::view": "Tensor.view from C++ (autograd, optimizers' flattening); prims.view_of keeps sizes",
+    # NOTE: prims that make a tensor from nothing (prims.full, prims.scalar_tensor, prims.iota...)
+    # have a BackendSelect kernel, which runs before any backend's and calls the aten factory of
+    # the same name on the device (whose composite kernel is aten.empty_strided + fill_). Their
+    # own kernels are never reached, and decomposing those aten factories would call them back.
+    "aten::fill_.Scalar": "factory prims fill their result with it (their BackendSelect kernel)",
+    "aten::scalar_tensor": "prims.scalar_tensor's BackendSelect kernel calls it on the device",
+    "aten::full": "prims.full's BackendSelect kernel calls it on the device",
+    "aten::arange.start_step": "prims.iota's BackendSelect kernel calls it on the device",
 }
 
 # device name -> its runtime ops beyond DEVICE_RUNTIME_OPS

@@ -210,11 +210,46 @@ def _fallback_for(runtime: Runtime, device_type: str):
             )
         stack.append(op)
         try:
-            return runtime(op, args, kwargs)
+            return runtime(op, *_as_given(op, args, kwargs))
         finally:
             stack.pop()
 
     return fallback
+
+
+@functools.cache
+def _defaults(op) -> tuple:
+    """Positional defaults (index, value) and the keyword-only arguments that are None by default."""
+    schema = op._schema.arguments
+    positional = tuple((i, a.default_value) for i, a in enumerate(schema) if not a.kwarg_only and a.has_default_value())
+    none_kw = frozenset(a.name for a in schema if a.kwarg_only and a.has_default_value() and a.default_value is None)
+    return positional, none_kw
+
+
+def _as_given(op, args: tuple, kwargs: dict):
+    """``(args, kwargs)`` without the trailing arguments that only repeat their defaults.
+
+    NOTE: a call from the dispatcher spells out every argument (``add_.Scalar(x, 1e-8, 1)``,
+    ``layout=None``), a call from Python only those given; the same call either way. The refs a
+    prims opset decomposes with refuse some of them (``torch._refs.add`` takes ``alpha`` by
+    keyword only; ``scalar_tensor(..., layout=None)``: "PrimTorch doesn't support layout=None"),
+    so the device's calls arrive as Python's would.
+    """
+    positional, none_kw = _defaults(op)
+    if positional:
+        defaults = dict(positional)
+        n = len(args)
+        while n and n - 1 in defaults and _same_default(args[n - 1], defaults[n - 1]):
+            n -= 1
+        args = args[:n]
+    if none_kw and any(kwargs.get(k, 0) is None for k in none_kw):
+        kwargs = {k: v for k, v in kwargs.items() if not (v is None and k in none_kw)}
+    return args, kwargs
+
+
+def _same_default(value, default) -> bool:
+    # NOTE: by type too: 1.0 is not the default 1 of an int argument (it promotes differently)
+    return type(value) is type(default) and value == default
 
 
 def enable(
