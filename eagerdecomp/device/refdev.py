@@ -90,16 +90,15 @@ DEVICE_RUNTIME_OPS = {
     "aten::view_as_complex": "(real, imag) pairs viewed as complex storage; no decomposition",
 }
 
-# NOTE: prims has ops to make and view tensors (prims.empty_strided, prims.as_strided), but
-# PyTorch's C++ never calls them: it makes a device's tensors with aten ops, which core ATen
-# holds and prims does not. A prims device keeps these (found by what the demo, moved to the
-# device and trained with the switch, cannot do without).
+# NOTE: prims has ops to make tensors (prims.empty_strided), but PyTorch's C++ never calls
+# them: it makes and moves a device's tensors with aten ops, which core ATen holds and prims
+# does not. A prims device keeps these: the allocators and the copy every device needs, and
+# what the demo, trained on the device with the switch, cannot do without (aten.as_strided and
+# aten.view were tried and are not needed: the switch decomposes them into prims views).
 PRIMS_DEVICE_RUNTIME_OPS = {
     "aten::empty.memory_format": "torch.empty / zeros / ones(device=...): every factory allocates through it",
     "aten::empty_strided": "tensors with given strides (empty_like of a strided tensor, autograd's buffers)",
     "aten::_to_copy": "Tensor.to(device) and .cpu(): moving data onto the device and back",
-    "aten::as_strided": "views PyTorch's C++ makes itself (autograd's view replay, .grad views)",
-    "aten::view": "Tensor.view from C++ (autograd, optimizers' flattening); prims.view_of keeps sizes",
     # NOTE: prims that make a tensor from nothing (prims.full, prims.scalar_tensor, prims.iota...)
     # have a BackendSelect kernel, which runs before any backend's and calls the aten factory of
     # the same name on the device (whose composite kernel is aten.empty_strided + fill_). Their
