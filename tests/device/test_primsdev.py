@@ -122,7 +122,7 @@ def test_strict_alone_and_trains_the_demo_with_the_switch():
     ran = out["ran"]
     assert set(ran) <= set(out["kernels"]), sorted(set(ran) - set(out["kernels"]))
     prims = sum(n for name, n in ran.items() if name.startswith("prims::"))
-    assert prims > 0.8 * sum(ran.values())
+    assert prims > sum(ran.values()) / 2  # the rest: copy_ of in-place writes, library and runtime ops
     assert {"mm", "bmm"} <= set(ran)  # the library ops a fusion compiler keeps arrive as themselves
     assert {"aten.addmm.default", "aten.gelu.default", "aten.native_layer_norm_backward.default"} <= set(
         out["decomposed"]
