@@ -1,6 +1,6 @@
 """Coverage by models: our corpus against PyTorch's, and the time of the 90% question.
 
-Both corpora are answered by the same path analysis on ``core_aten`` and ``prims``: models
+Both corpora are answered by the same path analysis on each preset (``core_aten``, ``prims``, ``prims_fusion``): models
 that run, per family, and the greedy op set to add for 90% of the models. PyTorch's corpus
 (``pytorch_model_ops.json``: its benchmark suites' training steps, 2022) is read where it
 lies, never copied. Then, with the path graph cached, the time of ``coverage --opset
@@ -24,6 +24,7 @@ from results import Table, add_json_flag, save
 
 import eagerdecomp.coverage as cov
 from eagerdecomp.coverage.models import analyse_models, load_corpus
+from eagerdecomp.ops.opset import PRESETS
 
 HERE = Path(__file__).resolve().parent
 PYTORCH = HERE.parent.parent / "shared" / "data" / "pytorch_model_ops.json"
@@ -35,7 +36,7 @@ def cross_check(graph, corpora) -> Table:
         ["corpus", "opset", "models", "run", "share", "per family (run / models)", "ops to add for 90% (greedy)"],
         formats={"share": "{:.1f}%"},
     )
-    for opset in ("core_aten", "prims"):
+    for opset in PRESETS:
         c = cov.analyse(graph, opset)
         for corpus in corpora:
             m = analyse_models(c, corpus)

@@ -1,6 +1,7 @@
-// The reference device "edref": a PrivateUse1 backend whose memory is host memory and
-// which has kernels for exactly the ops Python names at registration (core ATen plus the
-// runtime ops a device needs to exist; the list lives in eagerdecomp/refdev.py). Every
+// The reference devices "edref" and "edprims": a PrivateUse1 backend whose memory is host
+// memory and which has kernels for exactly the ops Python names at registration (core ATen,
+// or the prims_fusion preset, plus the runtime ops a device needs to exist; the lists live in
+// eagerdecomp/device/refdev.py). One process registers one of them (PrivateUse1 is one key). Every
 // kernel is the same boxed function: it re-wraps device tensors as CPU tensors over the
 // same memory, redispatches to the CPU key, and maps the outputs back, keeping aliasing.
 // Any other op fails with PyTorch's own "could not run ... on edref" error: the device is
@@ -48,7 +49,7 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   c10::Device exchangeDevice(c10::Device d) const override { setDevice(d); return kDevice; }
   c10::Device getDevice() const override { return kDevice; }
   void setDevice(c10::Device d) const override {
-    TORCH_CHECK(d.type() == kType && d.index() <= 0, "edref has one device (index 0), got ", d);
+    TORCH_CHECK(d.type() == kType && d.index() <= 0, c10::get_privateuse1_backend(), " has one device (index 0), got ", d);
   }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
   c10::Stream getStream(c10::Device) const override { return c10::Stream(c10::Stream::DEFAULT, kDevice); }
@@ -75,7 +76,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   c10::DeviceIndex getCurrentDevice() const override { return 0; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t n) const override {
     auto* s = storage.unsafeGetStorageImpl();
-    TORCH_CHECK(s->resizable(), "edref: trying to resize a storage that is not resizable");
+    TORCH_CHECK(s->resizable(), c10::get_privateuse1_backend(), ": trying to resize a storage that is not resizable");
     c10::DataPtr fresh = g_allocator.allocate(n);
     size_t keep = std::min(n, s->nbytes());
     if (keep) std::memcpy(fresh.get(), s->data_ptr().get(), keep);
@@ -211,7 +212,7 @@ class Call {
     if (!saw_device_ || !host_operand_.defined() || mixes_devices(op)) return;
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a CPU tensor of shape ",
                 host_operand_.sizes(), " among the operands of ", op.operator_name(),
-                " on edref (only 0-dim CPU tensors may join device tensors)");
+                " on ", c10::get_privateuse1_backend(), " (only 0-dim CPU tensors may join device tensors)");
   }
 
  private:
@@ -371,8 +372,13 @@ void forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t j = 0; j < returns.size(); ++j) {
     const c10::AliasInfo* r = returns[j].alias_info();
     int arg = r && r->isWrite() ? aliased_argument(schema, r) : -1;
-    // NOTE: in-place and out= ops return the caller's own objects, as on any device
-    out[j] = arg >= 0 ? original[arg] : call.to_device(out[j]);
+    // NOTE: in-place and out= ops return the caller's own objects, as on any device. A view
+    // whose schema marks its input written (prims::as_strided(Tensor(a!) a) -> Tensor(a!))
+    // returns a new tensor, not its argument: that one is mapped back as a view like any other.
+    bool same = arg >= 0 && out[j].isTensor() && host[arg].isTensor() &&
+                out[j].toTensor().unsafeGetTensorImpl() == host[arg].toTensor().unsafeGetTensorImpl();
+    bool returns_argument = arg >= 0 && (same || !out[j].isTensor());
+    out[j] = returns_argument ? original[arg] : call.to_device(out[j]);
   }
 }
 
@@ -424,10 +430,16 @@ void install_device() {
 void register_device(const std::vector<std::string>& ops) {
   static std::once_flag once;
   std::call_once(once, install_device);
-  auto lib = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  for (const auto& name : ops) lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&forward>());
-  libraries().push_back(std::move(lib));
+  // one IMPL block per namespace (aten::, prims::): a block takes only its own namespace's ops
+  std::map<std::string, std::unique_ptr<torch::Library>> blocks;
+  for (const auto& name : ops) {
+    auto sep = name.find("::");
+    std::string ns = sep == std::string::npos ? "aten" : name.substr(0, sep);
+    auto& lib = blocks[ns];
+    if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&forward>());
+  }
+  for (auto& block : blocks) libraries().push_back(std::move(block.second));
 }
 
 at::Tensor host_view(const at::Tensor& t) {

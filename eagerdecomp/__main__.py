@@ -6,6 +6,7 @@ Examples::
 
     python -m eagerdecomp coverage --opset core_aten          # every aten overload, and what to implement next
     python -m eagerdecomp coverage --opset prims --summary    # counts and the top of "implement next" only
+    python -m eagerdecomp coverage --opset prims_fusion --models --summary   # prims + the library ops: models run
     python -m eagerdecomp coverage --opset-file ops.txt --format json -o coverage.json
     python -m eagerdecomp coverage --format html -o coverage.html   # the interactive page
     python -m eagerdecomp coverage --op gelu                  # the ops whose name contains "gelu"
@@ -242,14 +243,14 @@ def _cache_info(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from eagerdecomp.ops.opset import PRESETS
+
     parser = argparse.ArgumentParser(prog="eagerdecomp", description="Which ops must my backend implement?")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def opset_args(p):
         group = p.add_mutually_exclusive_group()
-        group.add_argument(
-            "--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)"
-        )
+        group.add_argument("--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)")
         group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
         p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
@@ -326,9 +327,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o", "--output", metavar="DIR", required=True, help="the bundle's folder (new, empty, or a bundle)"
     )
     group = build.add_mutually_exclusive_group()
-    group.add_argument(
-        "--opset", default="core_aten", choices=["core_aten", "prims"], help="a preset (default core_aten)"
-    )
+    group.add_argument("--opset", default="core_aten", choices=list(PRESETS), help="a preset (default core_aten)")
     group.add_argument("--opset-file", metavar="FILE", help="the opset as a file: one op name per line, # comments")
     build.add_argument(
         "--workloads",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from eagerdecomp.runtime.recording import KernelWitness, RecordingMode, witness_available
 
-__all__ = ["RecordingMode", "KernelWitness", "witness_available", "reference_device"]
+__all__ = ["RecordingMode", "KernelWitness", "witness_available", "reference_device", "prims_reference_device"]
 
 
 def reference_device():
@@ -29,3 +29,13 @@ def reference_device():
     from eagerdecomp.device.refdev import reference_device as load
 
     return load()
+
+
+def prims_reference_device():
+    """The strict prims reference device (``edprims``, kernels for the ``prims_fusion`` preset);
+    see :mod:`eagerdecomp.device.refdev`. One reference device per process: not in a process
+    that registered ``edref``."""
+    from eagerdecomp.device.refdev import PRIMS_DEVICE_NAME
+    from eagerdecomp.device.refdev import reference_device as load
+
+    return load(PRIMS_DEVICE_NAME)

@@ -119,7 +119,8 @@ def render(graph: Graph, opset="core_aten", corpora=None) -> str:
     ``corpora``: :class:`~eagerdecomp.coverage.models.Corpus` objects for the models panel."""
     data = json.dumps(page_data(graph, opset, corpora), separators=(",", ":"))
     # NOTE: "</" inside a <script> would end it early; JSON allows "<\/" for it
-    return _TEMPLATE.replace("/*DATA*/", data.replace("</", "<\\/"))
+    options = "".join(f'<option value="{p}">{p}</option>' for p in PRESETS)
+    return _TEMPLATE.replace("/*PRESETS*/", options).replace("/*DATA*/", data.replace("</", "<\\/"))
 
 
 _TEMPLATE = r"""<!DOCTYPE html>
@@ -183,7 +184,7 @@ _TEMPLATE = r"""<!DOCTYPE html>
 <aside>
   <section class="panel">
     <h2>Start from</h2>
-    <select id="preset"><option value="core_aten">core_aten</option><option value="prims">prims</option><option value="">nothing</option></select>
+    <select id="preset">/*PRESETS*/<option value="">nothing</option></select>
     <span class="muted" style="margin-left:8px">tables: <span id="flavour" class="flav"></span></span>
   </section>
   <section class="panel">

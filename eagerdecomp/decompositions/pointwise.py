@@ -272,11 +272,14 @@ def fmin(self, other):
 
 @project_decomposition(aten.exp2.default)
 def exp2(self):
-    # NOTE: a cycle through prims.exp2 otherwise; pow.Scalar is core. Integers and bools
-    # promote to the default float dtype first, as exp2's type promotion does.
+    # NOTE: a cycle through prims.exp2 otherwise. Not pow.Scalar(2, x) either: the refs (a
+    # prims opset's tables) lower that to exp2 again. pow.Tensor_Tensor with a 0-dim base is
+    # what eager's pow.Scalar runs (a wrapped scalar tensor), core, and prims.pow under the refs.
+    # Integers and bools promote to the default float dtype first, as exp2's type promotion does.
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         self = aten._to_copy.default(self, dtype=torch.get_default_dtype())
-    return aten.pow.Scalar(2, self)
+    two = aten.scalar_tensor.default(2, dtype=self.dtype, device=self.device)
+    return aten.pow.Tensor_Tensor(two, self)
 
 
 def _torch_decomposition(op):

@@ -133,3 +133,31 @@ def max_unpool2d(self, indices, output_size):
     if self.dim() == 4 and torch._prims_common.suggest_memory_format(self) == torch.channels_last:
         out = aten.clone.default(out, memory_format=torch.channels_last)
     return out
+
+
+# NOTE: PyTorch has no decomposition of adaptive average pooling's backward (its forward has
+# one), and core ATen keeps the op, so only opsets without it (prims_fusion) need this. Eager's
+# kernel gives each output's share, grad / kh / kw, to every input of its window, outputs in
+# row-major order; index_put with accumulate adds the shares in the order of its indices,
+# (oh, kh, ow, kw), which is that same order for any one input.
+@project_decomposition(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, self):
+    if self.dim() not in (3, 4) or grad_output.dim() != self.dim() or not grad_output.dtype.is_floating_point:
+        return NotImplemented  # eager's own checks and errors
+    if 0 in self.shape or 0 in grad_output.shape:
+        return NotImplemented
+    (h, w), (oh, ow) = self.shape[-2:], grad_output.shape[-2:]
+    lead = list(grad_output.shape[:-2])
+    ph, okh, kh = _windows(h, oh, self.device)
+    pw, okw, kw = _windows(w, ow, self.device)
+    rows = aten.view.default(aten.sum.dim_IntList(okh, [1]), [oh, 1])  # window lengths
+    cols = aten.view.default(aten.sum.dim_IntList(okw, [1]), [1, ow])
+    delta = aten.div.Tensor(aten.div.Tensor(grad_output, rows), cols)
+    shares = aten.view.default(delta, lead + [oh, 1, ow, 1])
+    inside = aten.logical_and.default(aten.view.default(okh, [oh, kh, 1, 1]), aten.view.default(okw, [1, 1, ow, kw]))
+    shares = aten.where.self(inside, shares, aten.scalar_tensor.default(0, dtype=delta.dtype, device=self.device))
+    ih = aten.view.default(ph, [oh, kh, 1, 1])
+    iw = aten.view.default(pw, [1, 1, ow, kw])
+    grad_input = aten.zeros.default(list(self.shape), dtype=grad_output.dtype, device=self.device)
+    grad_input = aten.index_put.default(grad_input, [None] * len(lead) + [ih, iw], shares, True)
+    return aten.clone.default(grad_input, memory_format=torch._prims_common.suggest_memory_format(self))

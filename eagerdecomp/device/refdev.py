@@ -1,13 +1,18 @@
-"""The reference device ``edref``: a strict core-ATen-only backend for tests and the demo.
+"""The reference devices: ``edref`` (strict core ATen) and its twin ``edprims`` (strict prims).
 
 A PrivateUse1 backend (``csrc/refdev.cpp``) whose memory is host memory and
-which has a kernel for exactly :func:`device_ops`: the ops tagged
+which has a kernel for exactly :func:`device_ops`: for ``edref`` the ops tagged
 ``torch.Tag.core``, :data:`eagerdecomp.opset.RUNTIME_EXTRAS`, and
-:data:`DEVICE_RUNTIME_OPS` (what a device needs to exist). Each kernel runs
-the CPU kernel on the same memory. Every other op fails with PyTorch's own
-``NotImplementedError`` ("Could not run 'aten::silu.out' with arguments from
-the 'edref' backend"), until :func:`eagerdecomp.enable` routes it
-through eagerdecomp.
+:data:`DEVICE_RUNTIME_OPS` (what a device needs to exist); for ``edprims`` the
+``prims_fusion`` preset (every ``prims::`` op and the library ops a fusion
+compiler keeps), the same runtime ops and :data:`PRIMS_DEVICE_RUNTIME_OPS`. Each
+kernel runs the CPU kernel (for a prims op, its aten implementation) on the same
+memory. Every other op fails with PyTorch's own ``NotImplementedError`` ("Could
+not run 'aten::silu.out' with arguments from the 'edref' backend"), until
+:func:`eagerdecomp.enable` routes it through eagerdecomp.
+
+PrivateUse1 is one dispatch key, so a process registers one of the two
+(:data:`REFERENCE_DEVICES`); asking for the other is a :class:`BackendError`.
 
 Loading has side effects (PrivateUse1 is renamed to ``edref`` and given an
 allocator, a device guard and kernels), so it happens only when
@@ -40,9 +45,27 @@ from eagerdecomp.errors import BackendError
 from eagerdecomp.ops.opset import RUNTIME_EXTRAS, OpSet
 from eagerdecomp.runtime import library as _ext
 
-__all__ = ["DEVICE_NAME", "DEVICE_RUNTIME_OPS", "reference_device", "device_ops", "op_log", "is_loaded"]
+__all__ = [
+    "DEVICE_NAME",
+    "PRIMS_DEVICE_NAME",
+    "REFERENCE_DEVICES",
+    "DEVICE_RUNTIME_OPS",
+    "PRIMS_DEVICE_RUNTIME_OPS",
+    "reference_device",
+    "device_ops",
+    "op_log",
+    "is_loaded",
+    "loaded_name",
+]
 
 DEVICE_NAME = "edref"
+PRIMS_DEVICE_NAME = "edprims"
+
+# Reference device -> the opset preset it has kernels for (beside the runtime ops below).
+REFERENCE_DEVICES = {
+    DEVICE_NAME: "core_aten",
+    PRIMS_DEVICE_NAME: "prims_fusion",
+}
 
 # Ops beyond core ATen and RUNTIME_EXTRAS that a device needs in order to exist.
 # NOTE: the core ops a device cannot do without are core already (empty.memory_format,
@@ -67,8 +90,30 @@ DEVICE_RUNTIME_OPS = {
     "aten::view_as_complex": "(real, imag) pairs viewed as complex storage; no decomposition",
 }
 
+# NOTE: prims has ops to make tensors (prims.empty_strided), but PyTorch's C++ never calls
+# them: it makes and moves a device's tensors with aten ops, which core ATen holds and prims
+# does not. A prims device keeps these: the allocators and the copy every device needs, and
+# what the demo, trained on the device with the switch, cannot do without (aten.as_strided and
+# aten.view were tried and are not needed: the switch decomposes them into prims views).
+PRIMS_DEVICE_RUNTIME_OPS = {
+    "aten::empty.memory_format": "torch.empty / zeros / ones(device=...): every factory allocates through it",
+    "aten::empty_strided": "tensors with given strides (empty_like of a strided tensor, autograd's buffers)",
+    "aten::_to_copy": "Tensor.to(device) and .cpu(): moving data onto the device and back",
+    # NOTE: prims that make a tensor from nothing (prims.full, prims.scalar_tensor, prims.iota...)
+    # have a BackendSelect kernel, which runs before any backend's and calls the aten factory of
+    # the same name on the device (whose composite kernel is aten.empty_strided + fill_). Their
+    # own kernels are never reached, and decomposing those aten factories would call them back.
+    "aten::fill_.Scalar": "factory prims fill their result with it (their BackendSelect kernel)",
+    "aten::scalar_tensor": "prims.scalar_tensor's BackendSelect kernel calls it on the device",
+    "aten::full": "prims.full's BackendSelect kernel calls it on the device",
+    "aten::arange.start_step": "prims.iota's BackendSelect kernel calls it on the device",
+}
+
+# device name -> its runtime ops beyond DEVICE_RUNTIME_OPS
+_RUNTIME_OPS = {DEVICE_NAME: {}, PRIMS_DEVICE_NAME: PRIMS_DEVICE_RUNTIME_OPS}
+
 _lock = threading.Lock()
-_loaded = False
+_loaded: str | None = None  # the reference device this process registered
 
 
 def _forwardable(op) -> bool:
@@ -84,23 +129,35 @@ def _composite_implicit(op) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
-def device_ops() -> OpSet:
-    """The ops edref has kernels for: core ATen + runtime extras + device runtime ops, less the
-    CompositeImplicitAutograd ones of core ATen (which never reach a backend)."""
-    runtime = OpSet(list(DEVICE_RUNTIME_OPS))
-    ops = OpSet.preset("core_aten") | OpSet(list(RUNTIME_EXTRAS)) | runtime
+def _check_name(name: str) -> None:
+    if name not in REFERENCE_DEVICES:
+        raise BackendError(
+            f"unknown reference device {name!r}; expected one of {sorted(REFERENCE_DEVICES)} "
+            "(edref: core ATen, edprims: the prims_fusion preset)"
+        )
+
+
+def device_ops(name: str = DEVICE_NAME) -> OpSet:
+    """The ops reference device ``name`` has kernels for: its preset (:data:`REFERENCE_DEVICES`)
+    + runtime extras + device runtime ops, less the preset's CompositeImplicitAutograd ops (which
+    never reach a backend)."""
+    _check_name(name)
+    runtime = OpSet(list(DEVICE_RUNTIME_OPS) + list(_RUNTIME_OPS[name]))
+    ops = OpSet.preset(REFERENCE_DEVICES[name]) | OpSet(list(RUNTIME_EXTRAS)) | runtime
     keep = [
         op
         for op in ops
-        if op.namespace == "aten" and _forwardable(op) and (op in runtime or not _composite_implicit(op))
+        if op.namespace in ("aten", "prims") and _forwardable(op) and (op in runtime or not _composite_implicit(op))
     ]
-    return OpSet(keep, name=f"{DEVICE_NAME} kernels")
+    return OpSet(keep, name=f"{name} kernels")
 
 
-def _device_module() -> types.ModuleType:
+def _device_module(name: str) -> types.ModuleType:
     # torch looks some things up on torch.<device> (torch.get_device_module, optimizers'
     # device checks, torch.manual_seed); one device, always available, draws from the CPU RNG
-    mod = types.ModuleType(f"torch.{DEVICE_NAME}", "eagerdecomp's reference device (host memory, core ATen only)")
+    mod = types.ModuleType(
+        f"torch.{name}", f"eagerdecomp's reference device (host memory, {REFERENCE_DEVICES[name]} only)"
+    )
     mod.is_available = lambda: True
     mod.device_count = lambda: 1
     mod.current_device = lambda: 0
@@ -114,8 +171,8 @@ def _device_module() -> types.ModuleType:
     # torch.autocast("edref") asks the device module which dtypes it may cast to; the cast
     # policies themselves are C++ kernels on the AutocastPrivateUse1 key (csrc/refdev.cpp)
     mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
-    for name, cls in _legacy_storages().items():
-        setattr(mod, name, cls)
+    for storage, cls in _legacy_storages(name).items():
+        setattr(mod, storage, cls)
     # Inductor asks a PrivateUse1 device's module for its code generators when it starts
     # (torch._inductor.codegen.common.init_backend_registration); looked up lazily, so loading
     # the device imports none of Inductor
@@ -147,7 +204,7 @@ def _host_wrapper(base):
 
         def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
             device = device or V.graph.get_current_device_or_throw()
-            if not triton and device.type == DEVICE_NAME:
+            if not triton and device.type == _loaded:
                 device = torch.device("cpu")  # a C++ kernel on host memory: a plain call, no stream
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
@@ -156,7 +213,7 @@ def _host_wrapper(base):
 
 def _inductor_codegen(name: str):
     if name not in _INDUCTOR_CODEGEN:
-        raise AttributeError(f"module 'torch.{DEVICE_NAME}' has no attribute {name!r}")
+        raise AttributeError(f"module 'torch.{_loaded}' has no attribute {name!r}")
     from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
     from torch._inductor.codegen.common import register_device_op_overrides
     from torch._inductor.codegen.cpp import CppScheduling
@@ -166,8 +223,8 @@ def _inductor_codegen(name: str):
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
     # Dynamo and Inductor ask the device's interface for streams, events and properties: the CPU's
-    register_interface_for_device(DEVICE_NAME, CpuInterface)
-    register_device_op_overrides(DEVICE_NAME, CpuDeviceOpOverrides())  # what the wrapper emits per device: the CPU's
+    register_interface_for_device(_loaded, CpuInterface)
+    register_device_op_overrides(_loaded, CpuDeviceOpOverrides())  # what the wrapper emits per device: the CPU's
     return {
         "Scheduling": CppScheduling,
         "PythonWrapperCodegen": _host_wrapper(PythonWrapperCodegen),
@@ -176,7 +233,7 @@ def _inductor_codegen(name: str):
     }[name]
 
 
-def _legacy_storages() -> dict:
+def _legacy_storages(device: str) -> dict:
     """``FloatStorage``... on the device: ``Tensor.storage_type()`` and the legacy
     ``torch.<device>.FloatStorage(n)`` constructors look them up on the device module, as
     ``torch.cuda``'s. A class's device is read from its ``__module__``."""
@@ -188,7 +245,7 @@ def _legacy_storages() -> dict:
             name,
             (_LegacyStorage,),
             {
-                "__module__": f"torch.{DEVICE_NAME}",
+                "__module__": f"torch.{device}",
                 "_dtype": classproperty(lambda cls: dtype),
                 "dtype": classproperty(lambda cls: dtype),
             },
@@ -197,21 +254,24 @@ def _legacy_storages() -> dict:
     return {name: storage_class(name, dtype) for dtype, name in _dtype_to_storage_type_map().items()}
 
 
-def reference_device() -> torch.device:
-    """Build (or load, cached) and register the reference device; return ``torch.device("edref", 0)``.
+def reference_device(name: str = DEVICE_NAME) -> torch.device:
+    """Build (or load, cached) and register reference device ``name`` (``"edref"``, the default,
+    or ``"edprims"``); return ``torch.device(name, 0)``.
 
     Raises :class:`BackendError` when the C++ library cannot be built or loaded, or when
-    another backend already owns PrivateUse1 in this process.
+    another backend (the other reference device included) already owns PrivateUse1 in this process.
     """
     global _loaded
+    _check_name(name)
     with _lock:
-        if _loaded:
-            return torch.device(DEVICE_NAME, 0)
+        if _loaded == name:
+            return torch.device(name, 0)
         current = torch._C._get_privateuse1_backend_name()
-        if current not in ("privateuseone", DEVICE_NAME):
+        if current not in ("privateuseone", name):
             raise BackendError(
-                f"reference_device: PrivateUse1 already belongs to backend {current!r} in this process; "
-                f"expected it free to register {DEVICE_NAME!r}. Run the reference device in its own process."
+                f"reference_device({name!r}): PrivateUse1 already belongs to backend {current!r} in this process; "
+                f"expected it free to register {name!r}. PrivateUse1 is one dispatch key: run each reference "
+                "device in its own process."
             )
         lib = _ext.load(build=True)
         if lib is None:
@@ -222,13 +282,13 @@ def reference_device() -> torch.device:
                 "`pip install --no-build-isolation -e .`, or unset EAGERDECOMP_NO_EXT."
             )
         if current == "privateuseone":
-            torch.utils.rename_privateuse1_backend(DEVICE_NAME)
-        lib.register_device(sorted(op.name() for op in device_ops()))
-        torch._register_device_module(DEVICE_NAME, _device_module())
+            torch.utils.rename_privateuse1_backend(name)
+        lib.register_device(sorted(op.name() for op in device_ops(name)))
+        torch._register_device_module(name, _device_module(name))
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
-        _loaded = True
+        _loaded = name
     _check_autograd()
-    return torch.device(DEVICE_NAME, 0)
+    return torch.device(name, 0)
 
 
 def _tiny_backward() -> None:
@@ -236,10 +296,12 @@ def _tiny_backward() -> None:
     # thread keeps the last graph task it ran until it runs another, and one that holds a
     # Python object (grad's results, the context backward() stashes) freed during interpreter
     # finalization aborts the process ("terminate called without an active exception"). This
-    # one holds none: no outputs, and x.grad never reaches Python.
-    x = torch.ones(2).to(DEVICE_NAME).requires_grad_()
+    # one holds none: no outputs, and x.grad never reaches Python. A dtype cast (_to_copy) is
+    # an op both reference devices have, forward and backward.
+    x = torch.ones(2).to(_loaded).requires_grad_()
     engine = torch.autograd.Variable._execution_engine
-    engine.run_backward((x * 2.0,), (torch.ones(2).to(DEVICE_NAME),), False, False, (), True, True)  # mul: core
+    y = x.to(torch.float64)
+    engine.run_backward((y,), (torch.ones(2, dtype=torch.float64).to(_loaded),), False, False, (), True, True)
 
 
 def _check_autograd() -> None:
@@ -270,16 +332,21 @@ def _release_last_graph_task() -> None:
 
 
 def is_loaded() -> bool:
-    """True once :func:`reference_device` has registered edref in this process."""
+    """True once :func:`reference_device` has registered a reference device in this process."""
+    return _loaded is not None
+
+
+def loaded_name() -> str | None:
+    """The reference device this process registered (``"edref"``, ``"edprims"``), or None."""
     return _loaded
 
 
 @contextlib.contextmanager
 def op_log():
-    """Count the ops that run on edref inside the block (the device's own witness).
+    """Count the ops that run on the reference device inside the block (the device's own witness).
 
-    Yields a :class:`~collections.Counter` of op names (``"mul.Tensor"``), filled on exit.
-    Not reentrant: the device keeps one log.
+    Yields a :class:`~collections.Counter` of op names (``"mul.Tensor"``, prims as
+    ``"prims::mul"``), filled on exit. Not reentrant: the device keeps one log.
     """
     lib = _ext.load(build=True)
     if lib is None or not _loaded:

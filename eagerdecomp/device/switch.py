@@ -74,11 +74,6 @@ DISPATCH_KEYS = {
     "privateuseone": "PrivateUse1",
 }
 
-# Composite kernels run for every backend key: an op with one runs on any device.
-# NOTE: not CompositeExplicitAutogradNonFunctional: for structured ops it calls the op's
-# out= variant, which a device lacking the op lacks too (silu on a device runs silu.out).
-_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
-
 
 @dataclass
 class DeviceSwitch:
@@ -171,8 +166,16 @@ def _without_autograd(ops, key: str) -> list:
 
 
 def _runnable(op, key: str) -> bool:
+    """Whether the device itself runs ``op``: a kernel on its key, or a CompositeImplicitAutograd
+    kernel (expanded above autograd, the op never reaches a backend).
+
+    NOTE: a CompositeExplicitAutograd kernel does not count. It runs on any key by calling
+    other ops, so an opset op served only by one would reach the device as ops it may not
+    speak: every prims op has one (calling aten ops), and ``enable(edref, "prims")`` passed
+    while edref, with no prims kernel, received ``silu`` as ``aten.exp``, ``aten.div``...
+    """
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return has(op.name(), key) or any(has(op.name(), k) for k in _COMPOSITE_KEYS)
+    return has(op.name(), key) or has(op.name(), "CompositeImplicitAutograd")
 
 
 # Fallback calls nested in one thread (a composite kernel run by a replayed kernel may meet
@@ -207,11 +210,46 @@ def _fallback_for(runtime: Runtime, device_type: str):
             )
         stack.append(op)
         try:
-            return runtime(op, args, kwargs)
+            return runtime(op, *_as_given(op, args, kwargs))
         finally:
             stack.pop()
 
     return fallback
+
+
+@functools.cache
+def _defaults(op) -> tuple:
+    """Positional defaults (index, value) and the keyword-only arguments that are None by default."""
+    schema = op._schema.arguments
+    positional = tuple((i, a.default_value) for i, a in enumerate(schema) if not a.kwarg_only and a.has_default_value())
+    none_kw = frozenset(a.name for a in schema if a.kwarg_only and a.has_default_value() and a.default_value is None)
+    return positional, none_kw
+
+
+def _as_given(op, args: tuple, kwargs: dict):
+    """``(args, kwargs)`` without the trailing arguments that only repeat their defaults.
+
+    NOTE: a call from the dispatcher spells out every argument (``add_.Scalar(x, 1e-8, 1)``,
+    ``layout=None``), a call from Python only those given; the same call either way. The refs a
+    prims opset decomposes with refuse some of them (``torch._refs.add`` takes ``alpha`` by
+    keyword only; ``scalar_tensor(..., layout=None)``: "PrimTorch doesn't support layout=None"),
+    so the device's calls arrive as Python's would.
+    """
+    positional, none_kw = _defaults(op)
+    if positional:
+        defaults = dict(positional)
+        n = len(args)
+        while n and n - 1 in defaults and _same_default(args[n - 1], defaults[n - 1]):
+            n -= 1
+        args = args[:n]
+    if none_kw and any(kwargs.get(k, 0) is None for k in none_kw):
+        kwargs = {k: v for k, v in kwargs.items() if not (v is None and k in none_kw)}
+    return args, kwargs
+
+
+def _same_default(value, default) -> bool:
+    # NOTE: by type too: 1.0 is not the default 1 of an int argument (it promotes differently)
+    return type(value) is type(default) and value == default
 
 
 def enable(
@@ -290,9 +328,11 @@ def enable(
             if missing:
                 shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
                 raise BackendError(
-                    f"enable({device_type!r}): the opset claims {len(missing)} op(s) the device has no kernel "
-                    f"for: {shown}. Expected every opset op to run on the device; pass opset=None to use "
-                    f"the device's own kernels ({len(have)} ops), or narrow the opset."
+                    f"enable({device_type!r}): the opset {target.name or 'given'} claims {len(missing)} op(s) the "
+                    f"device has no kernel for: {shown}. Expected every opset op to have a kernel on the device's "
+                    f"{key} key (a composite kernel does not count: it runs the op as other ops). Pass opset=None "
+                    f"to use the device's own kernels ({len(have)} ops), narrow the opset, or register the "
+                    "missing kernels first (a prims backend registers its prims:: kernels on its key)."
                 )
         runtime = runtime_for(target, decompositions, on_unsupported, compile)
         kernel = _fallback_for(runtime, device_type)
@@ -423,7 +463,7 @@ def enable_from_env(value: str | None = None) -> list:
     """Enable each device named in ``EAGERDECOMP_DEVICES`` (``"dev1,dev2=core_aten,dev3:cpu"``;
     ``:cpu`` turns on the CPU tier, ``on_unsupported="cpu"``).
 
-    ``edref`` loads the reference device first. Returns the enabled :class:`DeviceSwitch` objects.
+    ``edref`` and ``edprims`` load that reference device first. Returns the enabled :class:`DeviceSwitch` objects.
     ``EAGERDECOMP_BACKENDS``, the variable's former name, is read too, with a DeprecationWarning.
     """
     if value is None:
@@ -439,9 +479,9 @@ def enable_from_env(value: str | None = None) -> list:
         if tier not in ("", "cpu"):
             raise BackendError(f"EAGERDECOMP_DEVICES: {item}:{tier}: expected ':cpu' or nothing after the name")
         name, _, opset = item.partition("=")
-        if name == "edref":
-            from eagerdecomp.device.refdev import reference_device
+        from eagerdecomp.device.refdev import REFERENCE_DEVICES, reference_device
 
-            reference_device()
+        if name in REFERENCE_DEVICES:
+            reference_device(name)
         out.append(enable(name, opset or None, on_unsupported="cpu" if tier else "error"))
     return out

@@ -8,7 +8,13 @@ names, plus two presets:
     every overload tagged ``torch.Tag.core`` plus :data:`RUNTIME_EXTRAS`.
 ``prims``
     every ``prims::`` overload plus :data:`RUNTIME_EXTRAS` and the few aten
-    ops that eager execution itself calls from C++ (``.item()``, ``resize_``).
+    ops that eager execution itself calls from C++ (``.item()``, ``resize_``):
+    strict PrimTorch.
+``prims_fusion``
+    ``prims`` plus :data:`PRIMS_LIBRARY_OPS`, the few compute ops a backend with a
+    fusion compiler keeps as library calls (matrix products, convolutions,
+    indexing, sorting, random draws): what such a backend implements to run
+    real models (see :data:`PRIMS_LIBRARY_OPS` for how they were chosen).
 
 Example::
 
@@ -33,7 +39,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from eagerdecomp.errors import UnknownOpError
 from eagerdecomp.ops.schema import op_from_name, op_names, overloads
 
-__all__ = ["OpSet", "RUNTIME_EXTRAS", "PRESETS", "resolve_op", "resolve_reaching"]
+__all__ = ["OpSet", "RUNTIME_EXTRAS", "PRIMS_LIBRARY_OPS", "PRESETS", "resolve_op", "resolve_reaching"]
 
 aten = torch.ops.aten
 
@@ -51,6 +57,43 @@ RUNTIME_EXTRAS = {
 _PRIMS_ATEN_EXTRAS = {
     aten._local_scalar_dense.default: "Tensor.item() and data-dependent decompositions",
     aten.resize_.default: "out= arguments of the wrong size are resized as eager does",
+}
+
+# The compute ops a backend with a fusion compiler keeps as library calls beside prims.
+# NOTE: chosen from the model corpora (eagerdecomp/coverage/data/models.json and PyTorch's
+# pytorch_model_ops.json): under plain prims no model of either runs, and these are the ops
+# whose absence blocks them (`python -m eagerdecomp coverage --opset prims --models --summary`
+# ranks them), each one an op with no composition in prims that a fusion compiler's runtime
+# calls a library for rather than generating code (Inductor's fallbacks and extern kernels).
+# Ops that reach prims exactly are left out even where compilers keep them as library calls
+# (attention: its decomposition is matmuls and a softmax; addmm: mm and an add a compiler
+# fuses as the epilogue); a backend that wants them adds them (`OpSet.preset("prims_fusion")
+# | [...]`). `docs/coverage.md` has the share of models each preset runs.
+PRIMS_LIBRARY_OPS = {
+    # matrix products: a GEMM library (cuBLAS, oneDNN, a vendor BLAS)
+    aten.mm.default: "matrix product: a GEMM library call; prims has no matrix product",
+    aten.bmm.default: "batched matrix product (attention, batched linear): a GEMM library call",
+    # convolutions: a DNN library (cuDNN, oneDNN, MIOpen)
+    aten.convolution.default: "convolution: a DNN library call; prims has no convolution",
+    aten.convolution_backward.default: "convolution's gradients: the same library's backward call",
+    # pooling: a windowed reduction, which prims (reductions over whole dims) cannot express
+    aten.avg_pool2d.default: "average pooling (CNNs; adaptive pooling to a dividing size): a DNN library call",
+    aten.avg_pool2d_backward.default: "average pooling's gradient: the same library's backward call",
+    # indexing: data-dependent addresses, which prims (all shapes and strides static) cannot express
+    aten.index.Tensor: "advanced indexing x[idx] (embeddings' backward, masks): a gather by tensor indices",
+    aten.index_put.default: "x[idx] = v and index accumulation (embedding gradients): a scatter by tensor indices",
+    aten.gather.default: "gather along a dim (cross-entropy's target pick, top-k routing)",
+    aten.scatter.src: "scatter along a dim (one-hot, MoE routing)",
+    aten.scatter.value: "scatter of a number along a dim (one-hot labels, masks)",
+    aten.scatter_add.default: "scatter-add along a dim (gather's gradient, MoE combine)",
+    # sorting and arg-reductions: prims reduces values only (amax, amin), never positions
+    aten.sort.default: "sorting (top-p sampling, argsort): a sort kernel; no prims op orders values",
+    aten.topk.default: "top-k (MoE routers, sampling): a selection kernel",
+    aten.argmax.default: "position of the maximum (greedy decoding, accuracy); prims reduces values only",
+    aten.max.dim: "max with its position (max pooling over a dim, routers); prims reduces values only",
+    # random numbers: prims draws have no eager stream; these draw eager's numbers
+    aten.rand.default: "uniform draws (dropout, nn.init): the device's generator, eager's stream",
+    aten.bernoulli_.float: "bernoulli draws in place (dropout masks): the device's generator",
 }
 
 OpLike = str | OpOverload | OpOverloadPacket
@@ -223,5 +266,10 @@ def _prims() -> OpSet:
     return OpSet(ops, name="prims")
 
 
-_PRESET_BUILDERS = {"core_aten": _core_aten, "prims": _prims}
+@functools.cache
+def _prims_fusion() -> OpSet:
+    return OpSet(list(_prims()) + list(PRIMS_LIBRARY_OPS), name="prims_fusion")
+
+
+_PRESET_BUILDERS = {"core_aten": _core_aten, "prims": _prims, "prims_fusion": _prims_fusion}
 PRESETS = tuple(_PRESET_BUILDERS)

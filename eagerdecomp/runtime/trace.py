@@ -10,6 +10,7 @@ the kernel eager-exact.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 
@@ -22,7 +23,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten
 
 from eagerdecomp.errors import MismatchError, TraceError, UnsupportedOpError
@@ -146,6 +147,30 @@ class _Emitter:
             for i, o in enumerate(out):
                 if isinstance(o, (torch.Tensor, list, tuple)):
                     self.bind(o, self.graph.call_function(operator.getitem, (node, i)))
+
+
+class _LoweredFixups:
+    """The emitter :func:`~eagerdecomp.runtime.exact.finish_outputs` writes its fix-ups with
+    (a clone, an ``empty_strided`` + ``copy_`` giving eager's strides), each op lowered into the
+    opset like the decomposition's own.
+
+    NOTE: core ATen holds every fix-up op, prims does not (``aten.empty_strided``, ``aten.clone``):
+    emitted as they were, they reached a prims backend's kernels.
+    """
+
+    def __init__(self, emitter: _Emitter, lowerer: Lowerer):
+        self._emitter, self._lowerer = emitter, lowerer
+
+    def __getattr__(self, name):
+        return getattr(self._emitter, name)
+
+    def __call__(self, func, args, kwargs):
+        if func in self._lowerer.opset:
+            return self._emitter(func, args, kwargs)
+        mode = self._emitter.fake_mode
+        active = mode in _get_current_dispatch_mode_stack()
+        with contextlib.nullcontext() if active else mode:
+            return self._lowerer.lower(func, args, kwargs)
 
 
 def _with_values(args, kwargs, lifted, values):
@@ -354,7 +379,10 @@ def _trace_once(
         raise Bypass(f"trace failed: {type(e).__name__}") from e
     flat_out, spec = tree_flatten(out)
     fixups: list = []
-    nodes = finish_outputs(func, emitter, fargs, fkwargs, flat_out, ref, fixups, finals)
+    try:
+        nodes = finish_outputs(func, _LoweredFixups(emitter, lowerer), fargs, fkwargs, flat_out, ref, fixups, finals)
+    except Stuck as e:
+        raise UnsupportedOpError(func, [func] + e.chain, e.reason) from None
     emitter.graph.output(nodes)
     # NOTE: FX keeps each generated module's source for tracebacks under a fresh file name, for
     # the life of the process; one name per op keeps that bounded (a traceback may then show

@@ -351,6 +351,20 @@ def test_enable_rejects_an_opset_op_the_device_lacks(disabled):
     assert device_switch.enabled(DEV) is None
 
 
+@pytest.mark.parametrize("preset", ["prims", "prims_fusion"])
+def test_enable_refuses_a_prims_opset_on_a_core_device(disabled, preset):
+    # NOTE: every prims op has a CompositeExplicitAutograd kernel (its aten implementation), which
+    # runs on any key; it is not edref's, and counting it let edref "speak" prims while receiving aten
+    missing = sorted(str(op) for op in ed.OpSet.preset(preset) if op not in DEVICE_OPS)
+    assert "prims.add.default" in missing
+    with pytest.raises(
+        BackendError, match=rf"the opset {preset} claims {len(missing)} op\(s\) the device has no kernel for"
+    ) as e:
+        device_switch.enable(DEV, preset)
+    assert missing[0] in str(e.value) and "a composite kernel does not count" in str(e.value)
+    assert device_switch.enabled(DEV) is None
+
+
 def test_explicit_opset_narrows_where_decomposition_stops(disabled):
     narrow = DEVICE_OPS - ["aten::sigmoid"]
     device_switch.enable(DEV, narrow)
