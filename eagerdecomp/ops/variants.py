@@ -10,10 +10,10 @@ the functional op's own decomposition.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 
+from eagerdecomp.ops.attribution import warn_as_eager
 from eagerdecomp.ops.overlap import guard, write_expanded, writes_expanded
 from eagerdecomp.ops.schema import is_out, written
 
@@ -25,13 +25,8 @@ __all__ = [
     "out_variant",
     "per_tensor_op",
     "resize_out",
-    "ResizeOutputWarning",
     "with_defaults",
 ]
-
-
-class ResizeOutputWarning(UserWarning):
-    """Eager warns on every call that resizes a non-empty out= tensor; kernels replay it."""
 
 
 def with_defaults(op, args, kwargs):
@@ -151,12 +146,11 @@ def resize_out(out, shape) -> None:
     if out.shape == shape:
         return
     if out.numel() != 0:
-        warnings.warn(
+        # (eager's category, UserWarning, and its attribution: the line that called the op)
+        warn_as_eager(
             f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
             f"which does not match the required output shape {list(shape)}. Resizing non-empty outputs "
-            "is deprecated; resize them to zero elements first with t.resize_(0).",
-            ResizeOutputWarning,
-            stacklevel=2,
+            "is deprecated; resize them to zero elements first with t.resize_(0)."
         )
     out.resize_(shape)
 
