@@ -156,8 +156,11 @@ def _eager_resize_message() -> str:
     for w in caught:
         text = str(w.message)
         if "had shape [2]" in text and "output shape [3]" in text:
-            return text.replace("{", "{{").replace("}", "}}").replace("had shape [2]", "had shape {old}", 1).replace(
-                "output shape [3]", "output shape {new}", 1
+            return (
+                text.replace("{", "{{")
+                .replace("}", "}}")
+                .replace("had shape [2]", "had shape {old}", 1)
+                .replace("output shape [3]", "output shape {new}", 1)
             )
     return (  # (a torch that does not warn there: its older wording)
         "An output with one or more elements was resized since it had shape {old}, which does not match the "

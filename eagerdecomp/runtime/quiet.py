@@ -115,4 +115,3 @@ def issue_once(caught) -> list:
         else:
             kept.append(text)
     return kept
-
