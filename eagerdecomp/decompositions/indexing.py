@@ -291,6 +291,6 @@ def nonzero_out(self, *, out):
     result = aten.nonzero.default(self)
     n, ndim = result.shape
     if out.shape != result.shape:
-        resize_out(out, (ndim, n))
+        resize_out(out, (n, ndim))  # (the shape eager's resize warning names; the same storage size)
         aten.as_strided_.default(out, (n, ndim), (1, n), out.storage_offset())
     return aten.copy_.default(out, result)

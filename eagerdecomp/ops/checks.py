@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 from torch._prims_common import alert_not_deterministic
+from torch.utils._python_dispatch import _disable_current_modes
 
 from eagerdecomp.ops import overlap
 from eagerdecomp.ops.opset import resolve_op
@@ -29,7 +30,7 @@ from eagerdecomp.ops.overlap import rules_for
 from eagerdecomp.ops.schema import written
 from eagerdecomp.ops.variants import functional_variant
 
-__all__ = ["check", "CHECKS", "checks_for", "alert", "ALERTS"]
+__all__ = ["check", "CHECKS", "checks_for", "alert", "ALERTS", "warn_once", "ONCE", "ONCE_MESSAGES"]
 
 aten = torch.ops.aten
 CHECKS: dict = {}  # OpOverload -> fn(*args, **kwargs) raising eager's error, or returning None
@@ -251,3 +252,35 @@ def alert(func, args, kwargs) -> None:
 # (max_unpool's alert is made by PyTorch's decomposition itself)
 for _op in resolve_op(aten.put_) + resolve_op(aten.put):
     ALERTS[_op] = lambda self, index, source, accumulate=False, **out: None if accumulate else "put_"
+
+
+# NOTE: eager's kernels of these ops warn once per process (TORCH_WARN_ONCE). The flag is C++'s,
+# shared with every native call in the process, and no meta kernel raises the warning (a
+# decomposed call never meets it, so it went missing). Running eager's own CPU kernel on a
+# one-element stand-in fires the flag's warning exactly when eager would: on the process's
+# first such call, native or not, and never again. The runtime raises it for the call, at the
+# caller's line (eagerdecomp.runtime.quiet), and never replays it.
+ONCE = {}  # OpOverload -> fn(*args, **kwargs): run eager's kernel where this call would warn
+ONCE_MESSAGES = []  # the start of each warning they raise (what the runtime catches)
+
+
+def warn_once(func, args, kwargs) -> None:
+    """Fire eager's once-per-process warning for this call, where eager's kernel has one."""
+    standin = ONCE.get(func)
+    if standin is not None:
+        with _disable_current_modes():  # (a plain CPU call: no mode of ours, no fake tensors)
+            standin(*args, **kwargs)
+
+
+def _scatter_reduce(self, dim, index, src, *, reduce, **out):
+    # (Tensor src with reduce=: eager's deprecation; a Scalar value_reduce has none)
+    x = torch.zeros(1, dtype=self.dtype)
+    try:
+        x.scatter_(0, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=self.dtype), reduce=reduce)
+    except RuntimeError:
+        pass  # a reduce eager refuses: the call itself raises eager's error
+
+
+ONCE_MESSAGES.append("The reduce argument of torch.scatter with Tensor src is deprecated")
+for _op in (aten.scatter.reduce, aten.scatter_.reduce, aten.scatter.reduce_out):
+    ONCE[_op] = _scatter_reduce

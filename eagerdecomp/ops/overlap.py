@@ -27,6 +27,8 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from eagerdecomp.ops.attribution import warn_as_eager
+
 __all__ = ["guard", "check", "rules_for", "tensors", "writes_expanded", "write_expanded", "storage_positions"]
 
 aten = torch.ops.aten
@@ -201,9 +203,7 @@ def writes_expanded(op, dest) -> bool:
     if name not in _EXPANDED_WRITES or not _internal(dest):
         return False
     if _EXPANDED_WRITES[name]:
-        import warnings
-
-        warnings.warn(EXPANDED_WARNING.format(name.split(".")[0]), UserWarning, stacklevel=3)
+        warn_as_eager(EXPANDED_WARNING.format(name.split(".")[0]))
     return True
 
 

@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from eagerdecomp.ops.attribution import warn_as_eager
 from eagerdecomp.ops.overlap import guard, write_expanded, writes_expanded
 from eagerdecomp.ops.schema import is_out, written
 
@@ -25,13 +26,8 @@ __all__ = [
     "out_variant",
     "per_tensor_op",
     "resize_out",
-    "ResizeOutputWarning",
     "with_defaults",
 ]
-
-
-class ResizeOutputWarning(UserWarning):
-    """Eager warns on every call that resizes a non-empty out= tensor; kernels replay it."""
 
 
 def with_defaults(op, args, kwargs):
@@ -146,18 +142,43 @@ def _write(op, dest, result):
     return dest.copy_(result)
 
 
+def _eager_resize_message() -> str:
+    """ATen's own text of the resize warning, with the shapes ``{old}`` and ``{new}`` left to fill.
+
+    NOTE: read once from eager's resize_output (a CPU kernel on stand-ins [2] -> [3]; the meta
+    kernels are Python's, with another text): its
+    wording and the source line it names change between releases, and warnings compare equal only
+    when their texts do. Read at import, before any thread of the program runs ops.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.abs(torch.zeros(3), out=torch.zeros(2))
+    for w in caught:
+        text = str(w.message)
+        if "had shape [2]" in text and "output shape [3]" in text:
+            return (
+                text.replace("{", "{{")
+                .replace("}", "}}")
+                .replace("had shape [2]", "had shape {old}", 1)
+                .replace("output shape [3]", "output shape {new}", 1)
+            )
+    return (  # (a torch that does not warn there: its older wording)
+        "An output with one or more elements was resized since it had shape {old}, which does not match the "
+        "required output shape {new}. Resizing non-empty outputs is deprecated; resize them to zero elements "
+        "first with t.resize_(0)."
+    )
+
+
+_RESIZE_MESSAGE = _eager_resize_message()
+
+
 def resize_out(out, shape) -> None:
     """Resize an out= tensor to ``shape`` as eager does (with its warning when it held elements)."""
     if out.shape == shape:
         return
     if out.numel() != 0:
-        warnings.warn(
-            f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
-            f"which does not match the required output shape {list(shape)}. Resizing non-empty outputs "
-            "is deprecated; resize them to zero elements first with t.resize_(0).",
-            ResizeOutputWarning,
-            stacklevel=2,
-        )
+        # (eager's category, UserWarning, and its attribution: the line that called the op)
+        warn_as_eager(_RESIZE_MESSAGE.format(old=list(out.shape), new=list(shape)))
     out.resize_(shape)
 
 

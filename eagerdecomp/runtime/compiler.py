@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_unflatten
 
 from eagerdecomp.errors import UnsupportedArgumentError
 from eagerdecomp.ops import overlap
+from eagerdecomp.ops.attribution import warn_as_eager
 from eagerdecomp.runtime.observe import log
 from eagerdecomp.runtime.recording import RecordingMode
 
@@ -180,7 +181,7 @@ class Compiled:
         flat = self.flat(inputs)
         k = self.kernel
         for message, category in k.warnings:
-            warnings.warn(message, category, stacklevel=3)
+            warn_as_eager(message, category)
         return flat[0] if k.single else tree_unflatten(list(flat), k.spec)
 
 

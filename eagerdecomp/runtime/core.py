@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from eagerdecomp.decompositions.registry import version as table_version
 from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.errors import EagerDecompError, MismatchError, UnsupportedArgumentError, UnsupportedOpError
+from eagerdecomp.ops.attribution import entry, warn_as_eager
 from eagerdecomp.ops.checks import check
 from eagerdecomp.ops.opset import OpSet, resolve_op
 from eagerdecomp.ops.schema import returns_tensor
@@ -56,6 +57,7 @@ from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.observe import log, profiling, ranged
+from eagerdecomp.runtime.quiet import issue_once, quiet
 from eagerdecomp.runtime.replay import Kernel
 from eagerdecomp.runtime.stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
 from eagerdecomp.runtime.symbolic import NotGeneric
@@ -110,6 +112,7 @@ class Runtime:
         self.host = HostTier() if on_unsupported == "cpu" else None  # the CPU tier (eagerdecomp.runtime.host)
 
     # -- routing -------------------------------------------------------------------
+    @entry  # (eager's warnings raised below are attributed to the frame that called the op)
     def __call__(self, func, args, kwargs):
         route = self._routes.get(func)
         if route is None:
@@ -485,10 +488,15 @@ class Runtime:
         else:
             check(func, args, kwargs)  # what eager refuses that a decomposition might not
         try:
-            if profiling():
-                out = ranged("eager", func, lowerer.lower, func, args, kwargs)
-            else:
-                out = lowerer.lower(func, args, kwargs)
+            # NOTE: as a trace does (trace.py), only eager's own warnings come out of a decomposition,
+            # raised after it at the line that called the op, as eager raises a kernel's
+            with quiet() as caught:
+                if profiling():
+                    out = ranged("eager", func, lowerer.lower, func, args, kwargs)
+                else:
+                    out = lowerer.lower(func, args, kwargs)
+            for text in issue_once(caught):
+                warn_as_eager(text)
         except Stuck as e:
             if refusal is not None:  # declined arguments eager refuses: eager's error, not "no path"
                 raise refusal.error from None

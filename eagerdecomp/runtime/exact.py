@@ -38,7 +38,7 @@ from eagerdecomp.errors import DeviceMismatchError, MismatchError
 from eagerdecomp.ops.checks import check
 from eagerdecomp.ops.schema import out_args, resizes_like_functional, returns_tensor
 from eagerdecomp.runtime.lower import IDENTITY_OPS
-from eagerdecomp.runtime.quiet import quiet
+from eagerdecomp.runtime.quiet import issue_once, quiet
 
 __all__ = [
     "fakes_like",
@@ -287,12 +287,14 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
     like_functional = resizes_like_functional(func)
     before = (
-        [fkwargs[name].shape for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)]
+        [_layout(fkwargs[name]) for name in out_args(func) if isinstance(fkwargs.get(name), torch.Tensor)]
         if like_functional
         else ()
     )
     try:
-        with quiet(), mode:  # the real call warns for itself
+        # the real call warns for itself, but for eager's once-per-process warnings: the meta
+        # function that raises them is eager's own, and its flag fires here (quiet.py)
+        with quiet() as caught, mode:
             out = func(*fargs, **fkwargs)
     except _no_meta():
         return None if on_host is None or func._schema.is_mutable else _host_reference(func, args, kwargs, on_host)
@@ -309,13 +311,39 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         return None
     except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
         return None
+    issue_once(caught)
     outs = tree_flatten(out)[0]
     if func in _META_LAYOUT_FIXES:
         with mode:
             outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
-    if like_functional and len(before) == len(outs) and any(b != o.shape for b, o in zip(before, outs)):
-        outs = _functional_strides(func, fargs, fkwargs, outs, before, mode)
+    if like_functional and len(before) == len(outs):
+        outs = _kept_layouts(outs, before, mode)
+        shapes = [shape for shape, _, _ in before]
+        if any(b != o.shape for b, o in zip(shapes, outs)):
+            outs = _functional_strides(func, fargs, fkwargs, outs, shapes, mode)
     return _Ref(outs, fakes)
+
+
+def _layout(t) -> tuple:
+    return t.shape, t.stride(), t.storage_offset()
+
+
+def _kept_layouts(outs, before, mode) -> list:
+    """The out= tensors of a call as eager leaves those it did not resize: as they were.
+
+    NOTE: these kernels' generated ``resize_out`` (and TensorIterator's) restride an out only
+    when they resize it; one of the right shape keeps its strides and the kernel writes into it
+    (through a proxy of its own strides). Some Python meta kernels restride it regardless
+    (``_linalg_solve_ex`` makes a right-sized row-major ``result`` column-major), which made
+    every decomposed ``linalg.solve(A, B, out=o)`` restride ``o`` to match them.
+    """
+    kept = []
+    for o, (shape, stride, offset) in zip(outs, before):
+        if isinstance(o, torch.Tensor) and o.shape == shape and (o.stride() != stride or o.storage_offset() != offset):
+            with mode:
+                o = o.as_strided(shape, stride, offset)
+        kept.append(o)
+    return kept
 
 
 def _host_reference(func, args, kwargs, tensors):

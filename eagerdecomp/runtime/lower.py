@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eagerdecomp.ops.checks import alert
+from eagerdecomp.ops.checks import alert, warn_once
 from eagerdecomp.ops.variants import functional_variant
 from eagerdecomp.runtime import routes
 from eagerdecomp.runtime.routes import is_infrastructure  # noqa: F401 - re-exported
@@ -75,8 +75,9 @@ class Lowerer(TorchDispatchMode):
         chain = self.chain
         if chain.count(func) >= MAX_REENTRY or len(chain) >= MAX_DEPTH:
             raise Stuck(chain + [func], "decomposition cycle")
-        if not chain:  # the op called: eager's nondeterminism alert, where its kernel makes one
+        if not chain:  # the op called: eager's nondeterminism alert and once-per-process warning
             alert(func, args, kwargs)
+            warn_once(func, args, kwargs)
         chain.append(func)
         try:
             fn = self.table.get(func) or routes.implementation(func, args, kwargs)

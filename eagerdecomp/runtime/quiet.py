@@ -20,7 +20,10 @@ import logging
 import threading
 import warnings
 
-__all__ = ["quiet", "RESIZE_MESSAGE"]
+from eagerdecomp.ops.attribution import warn_as_eager
+from eagerdecomp.ops.checks import ONCE_MESSAGES
+
+__all__ = ["quiet", "RESIZE_MESSAGE", "once", "issue_once"]
 
 # NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
 # ours all contain it), of its deprecation of writing expanded tensors (overlap.py) and of its
@@ -28,6 +31,9 @@ __all__ = ["quiet", "RESIZE_MESSAGE"]
 # kernel replays, as eager raises them on every call.
 RESIZE_MESSAGE = "was resized since it had shape"
 _REPLAYED = (RESIZE_MESSAGE, "on expanded tensors is deprecated", "does not have a deterministic implementation")
+# NOTE: warnings eager raises once per process (TORCH_WARN_ONCE; eagerdecomp.ops.checks.ONCE fires
+# them with eager's own flag): raised for the call that fired one, never replayed.
+_ONCE = ONCE_MESSAGES
 
 _tls = threading.local()
 _lock = threading.Lock()
@@ -41,7 +47,7 @@ class _WhileTracing:
         caught = getattr(_tls, "caught", None)
         if caught is None:
             return False
-        if any(m in text for m in _REPLAYED):
+        if any(m in text for m in _REPLAYED) or once(text):
             caught.append(text)
         return True
 
@@ -81,8 +87,9 @@ def _install() -> None:
 
 @contextlib.contextmanager
 def quiet():
-    """Silence warnings and tracing logs in this thread; yields the list of resize warning
-    texts raised meanwhile (in order). Nests: an inner block records into its own list."""
+    """Silence warnings and tracing logs in this thread; yields the list of the texts of eager's
+    warnings raised meanwhile (in order): those eager raises on every call, and the :func:`once`
+    ones. Nests: an inner block records into its own list."""
     _install()
     outer = getattr(_tls, "caught", None)
     caught: list = []
@@ -91,3 +98,20 @@ def quiet():
         yield caught
     finally:
         _tls.caught = outer
+
+
+def once(text: str) -> bool:
+    """Whether ``text`` is a warning eager raises once per process (see ``_ONCE``)."""
+    return any(m in text for m in _ONCE)
+
+
+def issue_once(caught) -> list:
+    """Raise the :func:`once` warnings among ``caught`` (a :func:`quiet` list) for this call, as
+    eager does; return the others (raised on every call, so a kernel replays them)."""
+    kept = []
+    for text in caught:
+        if once(text):
+            warn_as_eager(text)
+        else:
+            kept.append(text)
+    return kept

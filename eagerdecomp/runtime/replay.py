@@ -10,10 +10,11 @@ as views because the graph's view ops run on the real inputs.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 from torch.utils._pytree import tree_unflatten
+
+from eagerdecomp.ops.attribution import warn_as_eager
 
 __all__ = ["Kernel", "Deferred"]
 
@@ -95,7 +96,7 @@ class Kernel:
             fn = self.module.forward
         flat = fn(*tensors)
         for message, category in self.warnings:
-            warnings.warn(message, category, stacklevel=3)
+            warn_as_eager(message, category)
         if self.single:
             return flat[0]
         return tree_unflatten(flat, self.spec)

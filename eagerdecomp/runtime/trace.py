@@ -41,7 +41,7 @@ from eagerdecomp.runtime.family import Member, out_meta, read_ints
 from eagerdecomp.runtime.key import Bypass
 from eagerdecomp.runtime.lift import LiftRefused, same_kernel, stand_ins, with_values
 from eagerdecomp.runtime.lower import Lowerer, Stuck
-from eagerdecomp.runtime.quiet import quiet
+from eagerdecomp.runtime.quiet import issue_once, quiet
 from eagerdecomp.runtime.replay import Kernel
 from eagerdecomp.runtime.symbolic import (
     Guard,
@@ -390,4 +390,5 @@ def _trace_once(
     emitter.graph._co_fields = {"co_filename": f"<eagerdecomp kernel {func}>"}
     module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
     module._constants = emitter.constants
-    return Kernel(func, module, spec, [(text, UserWarning) for text in caught], fixups)
+    # (a once-per-process warning fired for this call: raised now, never replayed)
+    return Kernel(func, module, spec, [(text, UserWarning) for text in issue_once(caught)], fixups)
