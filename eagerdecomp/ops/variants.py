@@ -20,6 +20,7 @@ from eagerdecomp.ops.schema import is_out, written
 
 __all__ = [
     "functional_variant",
+    "rule_target",
     "variants",
     "variant_table",
     "foreach_table",
@@ -113,6 +114,12 @@ def variants(op) -> frozenset:
             if cand is not functional and written(cand) and functional_variant(cand) is functional:
                 found.add(cand)
     return frozenset(found)
+
+
+def rule_target(fn):
+    """The functional op that ``fn`` calls when it is one of this module's variant rules (an
+    in-place or out= op written as its functional op), else None."""
+    return fn.args[1] if getattr(fn, "func", None) in (out_variant, _inplace) else None
 
 
 def _check_cast(op, result, dest) -> None:

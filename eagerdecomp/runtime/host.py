@@ -181,7 +181,7 @@ def untraceable(func, opset, table) -> tuple | None:
     first call would show as ``eagerdecomp.trace <op>`` where only the CPU kernel ran.
     """
     from eagerdecomp.ops.implicit import is_implicit
-    from eagerdecomp.ops.variants import _inplace, out_variant
+    from eagerdecomp.ops.variants import rule_target
     from eagerdecomp.runtime.lower import IDENTITY_OPS
 
     chain: list = []
@@ -193,9 +193,9 @@ def untraceable(func, opset, table) -> tuple | None:
         fn = table.get(op)
         if fn is None:
             return tuple(chain)
-        if getattr(fn, "func", None) not in (out_variant, _inplace):
+        op = rule_target(fn)  # the functional op the variant rule calls
+        if op is None:
             return None
-        op = fn.args[1]  # the functional op the variant rule calls
     return None
 
 
