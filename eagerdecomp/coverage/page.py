@@ -41,7 +41,7 @@ def _writes(op) -> bool:
 GROUPS = [
     ("core ATen (torch.Tag.core)", _tagged(torch.Tag.core)),
     ("prims", lambda op: op.namespace == "prims"),
-    ("runtime extras (copy_, as_strided_)", lambda op: op in RUNTIME_EXTRAS),
+    ("runtime extras (copy_, as_strided_, set_)", lambda op: op in RUNTIME_EXTRAS),
     ("pointwise (torch.Tag.pointwise)", _tagged(torch.Tag.pointwise)),
     ("reductions (torch.Tag.reduction)", _tagged(torch.Tag.reduction)),
     ("random (nondeterministic_seeded)", _tagged(torch.Tag.nondeterministic_seeded)),

@@ -70,14 +70,9 @@ REFERENCE_DEVICES = {
 # Ops beyond core ATen and RUNTIME_EXTRAS that a device needs in order to exist.
 # NOTE: the core ops a device cannot do without are core already (empty.memory_format,
 # empty_strided, as_strided, view, resize_, _local_scalar_dense, _to_copy); copy_ (in both
-# directions between CPU and the device) and as_strided_ are RUNTIME_EXTRAS.
+# directions between CPU and the device), as_strided_ and set_ (torch.load, copy.deepcopy) are
+# RUNTIME_EXTRAS.
 DEVICE_RUNTIME_OPS = {
-    "aten::set_.source_Storage_storage_offset": (
-        "rebinds a tensor to a storage (torch.load, Tensor.set_); no decomposition"
-    ),
-    "aten::set_.source_Storage": "the same, at offset 0",
-    "aten::set_.source_Tensor": "Tensor.set_(other): share another tensor's storage; no decomposition",
-    "aten::set_.default": "Tensor.set_(): an empty storage; no decomposition",
     # NOTE: composite, but PyTorch asks each PrivateUse1 backend for its own answer (c10's
     # TensorImpl.h): without one, CPU and the device are incompatible, so Module.to(device)
     # gives every parameter a new Parameter instead of swapping its .data, and weights that

@@ -51,6 +51,20 @@ RUNTIME_EXTRAS = {
     # metadata-mutating views (t_, squeeze_, transpose_...) change a tensor's
     # sizes and strides in place; as_strided_ is the one op that can express all of them
     aten.as_strided_.default: "applies metadata-mutating views (t_, squeeze_, ...) in place",
+    # NOTE: set_ rebinds a tensor object to another storage (or a new empty one). It moves no
+    # values, and no functional op expresses it: a graph makes new tensors, never points an
+    # existing one at other memory. torch.load, pickle, copy.deepcopy (Parameter and buffer
+    # copies: EMA and SWA models), share_memory_ and DataLoader workers' shared batches all
+    # rebuild tensors with it, so every backend has it, as it has copy_.
+    aten.set_.source_Storage: "rebinds a tensor to a storage at offset 0 (copy.deepcopy, share_memory_)",
+    aten.set_.source_Storage_storage_offset: (
+        "rebinds a tensor to a storage at an offset, size and stride (torch.load, pickle, Tensor.new(storage))"
+    ),
+    aten.set_.source_Tensor: "Tensor.set_(other): shares another tensor's storage, sizes and strides",
+    # (CompositeImplicitAutograd: it calls set_.source_Storage_storage_offset and never reaches
+    # a backend; listed so that the set_ family is whole in every preset)
+    aten.set_.source_Tensor_storage_offset: "Tensor.set_(other, offset, size, stride): another tensor's storage",
+    aten.set_.default: "Tensor.set_(): rebinds a tensor to a new empty storage",
 }
 
 # prims has no counterpart for these; C++ eager code calls them directly.

@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from eagerdecomp.ops.checks import alert, warn_once
+from eagerdecomp.ops.opset import RUNTIME_EXTRAS
 from eagerdecomp.ops.variants import functional_variant
 from eagerdecomp.runtime import routes
 from eagerdecomp.runtime.routes import is_infrastructure  # noqa: F401 - re-exported
@@ -81,6 +82,10 @@ class Lowerer(TorchDispatchMode):
         chain.append(func)
         try:
             fn = self.table.get(func) or routes.implementation(func, args, kwargs)
+            if fn is None and func in RUNTIME_EXTRAS:
+                # NOTE: set_ and as_strided_ change which memory a tensor object is: no graph
+                # expresses that, so an opset without them (a custom one) has no path
+                raise Stuck(chain, f"no decomposition: a runtime op every preset keeps ({RUNTIME_EXTRAS[func]})")
             if fn is None and torch.Tag.inplace_view in func.tags:
                 return self._inplace_view(func, args, kwargs)
             if fn is not None:
