@@ -142,3 +142,26 @@ def test_exp2_and_pow_of_two_match_eager(opset, dtype):
     rec.assert_only(opset)
     for a, b in zip(got, (torch.exp2(x), torch.pow(2, x), torch.pow(2.0, x))):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("opset", ["prims", PRESET])
+def test_select_to_a_0_dim_view(opset):
+    # x[0] of a vector (nn.GRU's batch_sizes[0] on packed input, a storage's tolist()) is a 0-dim view
+    base = torch.arange(8.0)
+    x = base[2:]
+    with RecordingMode() as rec, ed.EagerDecompMode(opset):
+        got = x[0], x.select(0, -1), base.untyped_storage().tolist()
+        got[0].add_(100)  # a view: the write lands in the base
+    rec.assert_only(opset)
+    want_base = torch.arange(8.0)
+    want = want_base[2:][0], want_base[2:].select(0, -1), want_base.untyped_storage().tolist()
+    want[0].add_(100)
+    for a, b in zip(got[:2], want[:2]):
+        assert (a.shape, a.stride(), a.storage_offset(), a._base is x._base) == (
+            b.shape,
+            b.stride(),
+            b.storage_offset(),
+            True,
+        )
+        assert torch.equal(a, b)
+    assert got[2] == want[2] and torch.equal(base, want_base)

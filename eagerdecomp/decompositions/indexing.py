@@ -231,6 +231,12 @@ def select_int(self, dim, index):
     sizes = [n for d, n in enumerate(self.shape) if d != dim]
     strides = [st for d, st in enumerate(self.stride()) if d != dim]
     offset = self.storage_offset() + index * self.stride(dim)
+    if not sizes:
+        # NOTE: prims.as_strided's meta multiplies the sizes with reduce() and no start value, so
+        # a 0-dim view (x[0] of a vector: batch_sizes[0] in nn.GRU's packed path) raises TypeError;
+        # a one-element view squeezed is the same view
+        one = torch.ops.prims.as_strided.default(self, [1], [1], offset)
+        return torch.ops.prims.squeeze.default(one, [0])
     return torch.ops.prims.as_strided.default(self, sizes, strides, offset)
 
 

@@ -73,6 +73,7 @@ FAMILY_MODULES = (
     "rrelu",
     "segments",
     "rnn",
+    "packed",
     "fastpath",
 )
 

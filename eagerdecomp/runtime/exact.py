@@ -83,9 +83,21 @@ def _indices_at(func) -> int | None:
     return None
 
 
+# NOTE: arguments eager's kernel reads on the host, so eager wants them on the CPU whatever
+# device the data is on (PyTorch asks for a CPU `lengths`: pack_padded_sequence's docs)
+_HOST_ARGUMENTS = {
+    aten._pack_padded_sequence.default: "lengths",  # read value by value to size the packed rows
+}
+
+
 def _cpu_indices(func, args, kwargs) -> set:
     # NOTE: eager lets index tensors stay on the CPU whatever device the indexed tensor is on
     # (x_cuda[idx_cpu] = v; SAM's relative positions on a device): the schema's `Tensor?[] indices`
+    host = _HOST_ARGUMENTS.get(func)
+    if host is not None:
+        at = next(i for i, a in enumerate(func._schema.arguments) if a.name == host)
+        t = args[at] if at < len(args) else (kwargs or {}).get(host)
+        return {id(t)} if isinstance(t, torch.Tensor) and t.device.type == "cpu" else set()
     i = _indices_at(func)
     if i is None:
         return set()
@@ -95,7 +107,8 @@ def _cpu_indices(func, args, kwargs) -> set:
 
 def check_devices(func, tensors, args=(), kwargs=None) -> None:
     """Raise :class:`DeviceMismatchError` where eager would: tensors on two devices, except
-    0-dim CPU tensors and CPU index tensors (as eager allows them)."""
+    0-dim CPU tensors, CPU index tensors and the arguments eager reads on the host (as eager
+    allows them)."""
     cpu_ok = _cpu_indices(func, args, kwargs) if isinstance(func, torch._ops.OpOverload) else set()
     devices = {t.device for t in tensors if not (t.device.type == "cpu" and (t.dim() == 0 or id(t) in cpu_ok))}
     if len(devices) > 1:
