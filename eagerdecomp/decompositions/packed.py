@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.checks import scalar_type_name
 
 aten = torch.ops.aten
 
 
 def _check_lengths(lengths):
     if lengths.dim() != 1 or lengths.device.type != "cpu" or lengths.dtype != torch.int64:
-        # eager names the dtype as ATen's ScalarType does ("Int", "Long"), as the legacy type names do
-        kind = torch.empty(0, dtype=lengths.dtype).type().removeprefix("torch.").removesuffix("Tensor")
+        kind = scalar_type_name(lengths.dtype)  # as ATen names it ("Int", "Long")
         raise RuntimeError(
             "'lengths' argument should be a 1D CPU int64 tensor, "
             f"but got {lengths.dim()}D {lengths.device} {kind} tensor"

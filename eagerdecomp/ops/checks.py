@@ -167,16 +167,27 @@ _UPSAMPLE_DTYPES = {
 }
 
 
-def _dtype_check(name: str, dtypes: frozenset):
+def _dtype_check(packet, dtypes: frozenset):
     def check_dtype(input, *args, **kwargs):
         if input.dtype not in dtypes:
-            raise NotImplementedError(f"\"{name}\" not implemented for '{scalar_type_name(input.dtype)}'")
+            _refuse_as_cpu(packet, input, args, kwargs)
+            raise NotImplementedError(f"\"{packet.__name__}\" not implemented for '{scalar_type_name(input.dtype)}'")
 
     return check_dtype
 
 
+def _refuse_as_cpu(packet, input, args, kwargs) -> None:
+    # NOTE: eager's message names the kernel its CPU code path dispatched on, which depends on the
+    # layout ("upsample_nearest2d_channels_last", "compute_indices_weights_cubic" for bicubic's
+    # weights...). The CPU kernel refuses at dispatch, before reading a value, so running it on an
+    # uninitialized stand-in of the input's layout raises eager's own error and message.
+    standin = torch.empty_strided(input.shape, input.stride(), dtype=input.dtype)
+    with _disable_current_modes():  # (a plain CPU call: no mode of ours, no fake tensors)
+        packet(standin, *args, **{k: v for k, v in kwargs.items() if k != "out"})
+
+
 for _packet, _dtypes in _UPSAMPLE_DTYPES.items():
-    checks_for(_packet)(_dtype_check(_packet.__name__, _dtypes))
+    checks_for(_packet)(_dtype_check(_packet, _dtypes))
 
 
 @checks_for(aten.elu_backward)
