@@ -33,6 +33,7 @@ import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.decompositions.rng import _DIGITS, _draw, _fresh
+from eagerdecomp.ops.checks import checks_for
 
 __all__ = ["eager_range"]
 
@@ -101,6 +102,91 @@ def eager_range(dtype, from_=None, to=None):
     return (64 if dtype in _WIDE_DTYPES and span >= 2**32 else 32), span, from_
 
 
+# the C++ type names eager's bounds messages print (caffe2::TypeMeta), for the dtypes whose
+# bounds an int64 can pass
+_TYPE_NAMES = {
+    torch.bool: "bool",
+    torch.uint8: "unsigned char",
+    torch.int8: "signed char",
+    torch.int16: "short int",
+    torch.int32: "int",
+    torch.float16: "c10::Half",
+}
+
+
+def _in_range(value: int, name: str, dtype) -> None:
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        low, high = info.min, info.max
+    elif dtype == torch.bool:
+        low, high = 0, 1
+    else:
+        low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    if not low <= value <= high:
+        raise RuntimeError(f"{name} is out of bounds for {_TYPE_NAMES.get(dtype, dtype)}")
+
+
+# NOTE: eager's bounds checks (random_from_to_impl) are its kernel's, not its meta kernel's:
+# made here before anything is drawn, with its messages. (Its warning that a floating bound
+# past 2**digits is imprecise is not raised.)
+def _bounds(dtype, from_, to=None) -> None:
+    if to is not None:
+        if from_ >= to:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+        if dtype.is_floating_point:
+            from_, to = _update_from(from_, _DIGITS[dtype]), _update_to(to, _DIGITS[dtype])
+            if from_ >= to:
+                raise RuntimeError(
+                    "random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, "
+                    f"but got from={from_} >= to={to}"
+                )
+        _in_range(from_, "from", dtype)
+        _in_range(to - 1, "to - 1", dtype)
+    elif from_ != _INT64_MIN:
+        if dtype.is_floating_point:
+            to_inc = 2 ** _DIGITS[dtype]
+            from_ = _update_from(from_, _DIGITS[dtype])
+            if from_ >= to_inc:
+                raise RuntimeError(
+                    "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' casted to "
+                    f"dtype, but got from={from_} > to_inc={to_inc}"
+                )
+        else:
+            to_inc = 1 if dtype == torch.bool else torch.iinfo(dtype).max
+        _in_range(from_, "from", dtype)
+        _in_range(to_inc, "to - 1", dtype)
+
+
+@checks_for("aten::random_.from", "aten::random.from", "aten::random.from_out")
+def _random_from(self, from_, to=None, *, generator=None, out=None):
+    _bounds(self.dtype, from_, to)
+
+
+@checks_for(aten.random_.to, aten.random.to, aten.random.to_out)
+def _random_to(self, to, *, generator=None, out=None):
+    _bounds(self.dtype, 0, to)
+
+
+@checks_for(aten.randint.default, aten.randint.generator)
+def _randint(high, size, *, generator=None, dtype=None, **_):
+    _bounds(torch.int64 if dtype is None else dtype, 0, high)
+
+
+@checks_for(aten.randint.low, aten.randint.low_generator)
+def _randint_low(low, high, size, *, generator=None, dtype=None, **_):
+    _bounds(torch.int64 if dtype is None else dtype, low, high)
+
+
+@checks_for(aten.randint_like.default, aten.randint_like.generator)
+def _randint_like(self, high, *, generator=None, dtype=None, **_):
+    _bounds(dtype or self.dtype, 0, high)
+
+
+@checks_for(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
+def _randint_like_low(self, low, high, *, generator=None, dtype=None, **_):
+    _bounds(dtype or self.dtype, low, high)
+
+
 def _bits(like, n, device=None, generator=None):
     """The low ``n`` (24 or 53) bits of one generator output per element of ``like`` (a tensor,
     filled in its memory order, or a size, filled contiguously), as int64."""
@@ -120,10 +206,11 @@ def _wide(low, span):
         high = aten.sub.Tensor(high, aten.mul.Tensor(aten.ge.Scalar(high, 2**10), 2**11))
         return aten.add.Tensor(aten.mul.Tensor(high, 2**53), low)
     bits63 = aten.add.Tensor(aten.mul.Tensor(aten.bitwise_and.Scalar(high, 2**10 - 1), 2**53), low)
-    if span <= 2**63:
+    if span < 2**63:
         return aten.remainder.Scalar(bits63, span)
-    # NOTE: a span over 2**63 (random_ from a negative from to past 2**62) is less than two
-    # 63-bit spans: bits63 % span is bits63 itself, the rest of the span is never drawn
+    # NOTE: 2**63 (int64's random_()) is bits63 itself; a wider span (random_ from a negative from
+    # to past 2**62) is less than two 63-bit spans: bits63 % span is bits63 too, the rest of the
+    # span is never drawn
     return bits63
 
 

@@ -65,18 +65,18 @@ def _declines(memory_format=None) -> bool:
     return memory_format not in (None, torch.preserve_format)
 
 
-@project_decomposition(aten.rand_like.default)
-def rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+@project_decomposition([aten.rand_like.default, aten.rand_like.generator])
+def rand_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if _declines(memory_format):
         return NotImplemented
-    return _draw(aten.rand.default, self, dtype, device)
+    return _draw(aten.rand.default, self, dtype, device, generator)
 
 
-@project_decomposition(aten.randn_like.default)
-def randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+@project_decomposition([aten.randn_like.default, aten.randn_like.generator])
+def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if _declines(memory_format):
         return NotImplemented
-    return _draw(aten.randn.default, self, dtype, device)
+    return _draw(aten.randn.default, self, dtype, device, generator)
 
 
 def _scaled(draw, self, scale, shift, generator=None):
@@ -141,11 +141,11 @@ def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=No
 
 @project_decomposition(aten.geometric.default)
 def geometric(self, p, *, generator=None):
-    # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold; the
-    # number of Bernoulli(p) trials to the first success, from a float64 uniform
+    # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold. The CPU kernel
+    # (geometric_distribution<double>) takes ceil(log(u) / log1p(-p)) of a float64 uniform:
+    # the same here, eager's numbers but where log's last bit decides a ceiling
     u = _draw(aten.rand.default, self, torch.float64, generator=generator)
-    trials = aten.ceil.default(aten.div.Tensor(aten.log1p.default(aten.neg.default(u)), math.log1p(-p)))
-    trials = aten.clamp.default(trials, 1)  # u == 0 (odds 2**-53) would give 0 trials
+    trials = aten.ceil.default(aten.div.Tensor(aten.log.default(u), math.log1p(-p)))
     return aten._to_copy.default(trials, dtype=self.dtype)
 
 
@@ -187,3 +187,56 @@ def randperm_out(n, *, out):
     result = aten.randperm.default(n, dtype=out.dtype, device=out.device)
     resize_out(out, result.shape)
     return aten.copy_.default(out, result)
+
+
+# NOTE: what the report says of each random op's numbers (runtime/stats.py reads these): under
+# the same seed, the draws of the ops in STREAM_DIFFERS differ from the CPU kernel's where the
+# text says, and why; those in EAGER_STREAM are eager's. An op's in-place and out= variants are
+# read through its functional op. Both speak of the decompositions in this package only.
+_BITS = (
+    "eager's numbers only where the range divides 2**24 (2**53 for a 64-bit draw: int64, float64, wide ranges): "
+    "core ATen's rand shows no more of a draw's bits; the low 53 bits of a 64-bit draw are eager's, and 32-bit "
+    "draws over ranges past 2**12 take two of the generator's outputs where eager takes one (decompositions/randint.py)"
+)
+_NORMAL = "a non-contiguous result of 16 or more elements (the CPU kernel draws it one pair at a time)"
+STREAM_DIFFERS = {
+    aten.random.default: _BITS,
+    getattr(aten.random, "from"): _BITS,
+    aten.random.to: _BITS,
+    aten.randint.default: _BITS,
+    aten.randint.generator: _BITS,
+    aten.randint.low: _BITS,
+    aten.randint.low_generator: _BITS,
+    aten.randint_like.default: _BITS,
+    aten.randint_like.generator: _BITS,
+    aten.randint_like.low_dtype: _BITS,
+    aten.randint_like.low_generator_dtype: _BITS,
+    aten.normal_.default: _NORMAL,
+    aten.normal.Tensor_float: _NORMAL,
+    aten.normal.float_Tensor: _NORMAL,
+    aten.uniform.default: "the last bit, where the CPU kernel fuses u * (to - from) + from into one rounding",
+    aten.exponential.default: "float64 results, in the last bit, where the vectorized log1p and the C library's differ",
+    aten.multinomial.default: (
+        "with replacement, two or more samples and over 1024 float32 or 16-bit categories: cumulative sums "
+        "rounded from float64 where the kernel adds in float32 (decompositions/multinomial.py); float64 "
+        "probabilities without replacement or one sample: where two ratios tie to the last bit of log1p"
+    ),
+}
+EAGER_STREAM = frozenset(
+    {
+        aten.rand_like.default,
+        aten.rand_like.generator,
+        aten.randn_like.default,
+        aten.randn_like.generator,
+        aten.normal.Tensor_Tensor,
+        aten.normal.float_float,
+        aten.bernoulli.p,
+        aten.bernoulli.Tensor,
+        aten.geometric.default,
+        aten.randperm.out,
+        aten.rand.generator,
+        aten.randn.generator,
+        aten.randperm.generator,
+        aten.randperm.generator_out,
+    }
+)
