@@ -10,16 +10,16 @@ the physical shape, then a ``permute`` back to the logical one. That is the
 order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like`` and
 ``uniform_`` draw the same numbers as eager from the same ``torch.manual_seed``
 (up to the last bit where the native kernel fuses a multiply-add), and so do
-``randn_like`` and ``normal_`` on contiguous tensors. Ops whose native kernel
-uses the generator in another way (integer draws, bernoulli, ``normal_`` on a
-non-contiguous tensor, which the CPU kernel fills element by element) get the
-right distribution from another stream: the report marks every op whose
-kernel draws random numbers.
+``randn_like`` and ``normal_`` on contiguous tensors. ``bernoulli`` (dropout's
+masks), ``exponential`` and ``geometric`` draw the float64 uniform the CPU kernel
+draws per element and transform it as it does. The integer draws are in
+:mod:`.randint`, ``multinomial`` in :mod:`.multinomial`; :data:`STREAM_DIFFERS`
+says, for the report, which draws still differ from eager's and why.
 
 An explicit ``generator=`` is drawn from with ``rand.generator`` /
-``randn.generator`` (the uniform and normal decompositions). Core ATen keeps neither, so
-under ``core_aten`` such calls have no path and say so; an opset that adds
-them gets the generator's own stream. The other decompositions decline a generator.
+``randn.generator``: an opset that keeps them gets the generator's own stream
+from its backend; under core ATen :mod:`.generators` lends the generator's state
+to the default generator for the draw.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ _REDUCED = (torch.float16, torch.bfloat16)
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
-# NOTE: an explicit generator= is drawn from with the generator overloads of rand/randn. Core
-# ATen keeps neither, so under core_aten such a call has no path (a clear UnsupportedOpError);
-# an opset that adds them (a backend with its own Generator) gets the generator's exact stream.
+# NOTE: an explicit generator= is drawn from with the generator overloads of rand/randn: an
+# opset that adds them (a backend with its own Generator) gets the generator's exact stream; under
+# core ATen, generators.py lends the generator's state to the default generator for the draw.
 _WITH_GENERATOR = {aten.rand.default: aten.rand.generator, aten.randn.default: aten.randn.generator}
 
 
