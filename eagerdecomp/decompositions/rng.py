@@ -10,16 +10,16 @@ the physical shape, then a ``permute`` back to the logical one. That is the
 order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like`` and
 ``uniform_`` draw the same numbers as eager from the same ``torch.manual_seed``
 (up to the last bit where the native kernel fuses a multiply-add), and so do
-``randn_like`` and ``normal_`` on contiguous tensors. Ops whose native kernel
-uses the generator in another way (integer draws, bernoulli, ``normal_`` on a
-non-contiguous tensor, which the CPU kernel fills element by element) get the
-right distribution from another stream: the report marks every op whose
-kernel draws random numbers.
+``randn_like`` and ``normal_`` on contiguous tensors. ``bernoulli`` (dropout's
+masks), ``exponential`` and ``geometric`` draw the float64 uniform the CPU kernel
+draws per element and transform it as it does. The integer draws are in
+:mod:`.randint`, ``multinomial`` in :mod:`.multinomial`; :data:`STREAM_DIFFERS`
+says, for the report, which draws still differ from eager's and why.
 
 An explicit ``generator=`` is drawn from with ``rand.generator`` /
-``randn.generator`` (the uniform and normal decompositions). Core ATen keeps neither, so
-under ``core_aten`` such calls have no path and say so; an opset that adds
-them gets the generator's own stream. The other decompositions decline a generator.
+``randn.generator``: an opset that keeps them gets the generator's own stream
+from its backend; under core ATen :mod:`.generators` lends the generator's state
+to the default generator for the draw.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ _REDUCED = (torch.float16, torch.bfloat16)
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
-# NOTE: an explicit generator= is drawn from with the generator overloads of rand/randn. Core
-# ATen keeps neither, so under core_aten such a call has no path (a clear UnsupportedOpError);
-# an opset that adds them (a backend with its own Generator) gets the generator's exact stream.
+# NOTE: an explicit generator= is drawn from with the generator overloads of rand/randn: an
+# opset that adds them (a backend with its own Generator) gets the generator's exact stream; under
+# core ATen, generators.py lends the generator's state to the default generator for the draw.
 _WITH_GENERATOR = {aten.rand.default: aten.rand.generator, aten.randn.default: aten.randn.generator}
 
 
@@ -65,18 +65,18 @@ def _declines(memory_format=None) -> bool:
     return memory_format not in (None, torch.preserve_format)
 
 
-@project_decomposition(aten.rand_like.default)
-def rand_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+@project_decomposition([aten.rand_like.default, aten.rand_like.generator])
+def rand_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if _declines(memory_format):
         return NotImplemented
-    return _draw(aten.rand.default, self, dtype, device)
+    return _draw(aten.rand.default, self, dtype, device, generator)
 
 
-@project_decomposition(aten.randn_like.default)
-def randn_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+@project_decomposition([aten.randn_like.default, aten.randn_like.generator])
+def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if _declines(memory_format):
         return NotImplemented
-    return _draw(aten.randn.default, self, dtype, device)
+    return _draw(aten.randn.default, self, dtype, device, generator)
 
 
 def _scaled(draw, self, scale, shift, generator=None):
@@ -139,105 +139,44 @@ def normal_float_float(mean, std, size, *, generator=None, dtype=None, layout=No
     return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
 
 
-def _integers(self, low, high, dtype=None, device=None):
-    """Uniform integers in ``[low, high)`` from a float64 draw: floor(u * (high - low)) + low.
-
-    NOTE: the native kernels take 32 or 64 random bits modulo the range; this takes 53
-    bits, so the distribution is the same (to 2**-53) but the stream is not.
-    """
-    dtype = dtype or self.dtype
-    u = _draw(aten.rand.default, self, torch.float64, device)
-    ints = aten.floor.default(aten.mul.Tensor(u, float(high - low)))
-    return aten._to_copy.default(aten.add.Tensor(ints, low), dtype=dtype)
-
-
-def _dtype_high(dtype) -> int:
-    """Upper bound (exclusive) of ``random_()`` with no range, as eager defines it."""
-    if dtype == torch.bool:
-        return 2
-    if dtype.is_floating_point:
-        return 2 ** _DIGITS[dtype] + 1  # [0, 2**digits], both ends included
-    return torch.iinfo(dtype).max + 1
-
-
-@project_decomposition(aten.random.default)
-def random(self, *, generator=None):
-    if generator is not None or self.dtype == torch.int64 or self.dtype.is_complex:
-        return NotImplemented  # int64's range needs 63 random bits: more than a float64 draw holds
-    return _integers(self, 0, _dtype_high(self.dtype))
-
-
-@project_decomposition(aten.random.to)
-def random_to(self, to, *, generator=None):
-    if generator is not None or to > 2**53:
-        return NotImplemented
-    return _integers(self, 0, to)
-
-
-@project_decomposition("aten::random.from")
-def random_from(self, from_, to=None, *, generator=None):
-    high = _dtype_high(self.dtype) if to is None else to
-    if generator is not None or high - from_ > 2**53:
-        return NotImplemented
-    return _integers(self, from_, high)
-
-
-@project_decomposition(aten.randint_like.default)
-def randint_like(self, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(memory_format):
-        return NotImplemented
-    return _integers(self, 0, high, dtype, device)
-
-
-@project_decomposition(aten.randint_like.low_dtype)
-def randint_like_low(self, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if _declines(memory_format):
-        return NotImplemented
-    return _integers(self, low, high, dtype, device)
-
-
-@project_decomposition(aten.randint.default)
-def randint(high, size, *, dtype=torch.int64, layout=None, device=None, pin_memory=None):
-    return randint_low(0, high, size, dtype=dtype, device=device)
-
-
-@project_decomposition(aten.randint.low)
-def randint_low(low, high, size, *, dtype=torch.int64, layout=None, device=None, pin_memory=None):
-    u = aten.rand.default(size, dtype=torch.float64, device=device)
-    ints = aten.floor.default(aten.mul.Tensor(u, float(high - low)))
-    return aten._to_copy.default(aten.add.Tensor(ints, low), dtype=dtype if dtype is not None else torch.int64)
-
-
 @project_decomposition(aten.geometric.default)
 def geometric(self, p, *, generator=None):
-    # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold; the
-    # number of Bernoulli(p) trials to the first success, from a float64 uniform
-    if generator is not None:
-        return NotImplemented
-    u = _draw(aten.rand.default, self, torch.float64)
-    trials = aten.ceil.default(aten.div.Tensor(aten.log1p.default(aten.neg.default(u)), math.log1p(-p)))
-    trials = aten.clamp.default(trials, 1)  # u == 0 (odds 2**-53) would give 0 trials
+    # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold. The CPU kernel
+    # (geometric_distribution<double>) takes ceil(log(u) / log1p(-p)) of a float64 uniform:
+    # the same here, eager's numbers but where log's last bit decides a ceiling
+    u = _draw(aten.rand.default, self, torch.float64, generator=generator)
+    trials = aten.ceil.default(aten.div.Tensor(aten.log.default(u), math.log1p(-p)))
     return aten._to_copy.default(trials, dtype=self.dtype)
+
+
+@project_decomposition(aten.exponential.default)
+def exponential(self, lambd=1.0, *, generator=None):
+    # NOTE: torch's ref draws a uniform in self's dtype; the CPU kernel draws a float64 one per
+    # element (exponential_distribution<double>) and computes -1/lambda * log1p(-u) in double,
+    # then rounds to self's dtype. So here: eager's numbers, but for the last bit of log1p,
+    # which the vectorized kernel and the C library may round apart (float64 results only).
+    if not self.dtype.is_floating_point or not lambd > 0 or math.isinf(lambd):
+        return NotImplemented  # eager's argument errors come from its kernel's checks
+    u = _draw(aten.rand.default, self, torch.float64, generator=generator)
+    out = aten.mul.Tensor(aten.log1p.default(aten.neg.default(u)), -1.0 / lambd)
+    return out if self.dtype == torch.float64 else aten._to_copy.default(out, dtype=self.dtype)
 
 
 @project_decomposition(aten.bernoulli.p)
 def bernoulli_p(self, p=0.5, *, generator=None):
-    # NOTE: dropout's training path needs it. One uniform per element, as the CPU kernel
-    # draws, but compared as `u < p` where the kernel compares in its own way: the same
-    # distribution, another stream.
-    if generator is not None:
-        return NotImplemented
-    acc = self.dtype if self.dtype in (torch.float32, torch.float64) else torch.float32
-    u = _draw(aten.rand.default, self, acc)
+    # NOTE: dropout's training path on CPU (aten::dropout is bernoulli_(1 - p) there, never
+    # native_dropout). The CPU kernel draws one float64 uniform per element, in memory order,
+    # whatever self's dtype (bernoulli_distribution<double>: u < p), so this is eager's mask
+    # bit for bit. (PyTorch built inside Meta (FBCODE_CAFFE2) draws through MKL instead.)
+    u = _draw(aten.rand.default, self, torch.float64, generator=generator)
     return aten._to_copy.default(aten.lt.Scalar(u, p), dtype=self.dtype)
 
 
 @project_decomposition(aten.bernoulli.Tensor)
 def bernoulli_tensor(self, p, *, generator=None):
-    if generator is not None:
-        return NotImplemented
+    # the kernel's uniform is float64 for a float64 p, else float32 (bernoulli_distribution<float>)
     acc = torch.float64 if p.dtype == torch.float64 else torch.float32
-    u = _draw(aten.rand.default, self, acc)
+    u = _draw(aten.rand.default, self, acc, generator=generator)
     return aten._to_copy.default(aten.lt.Tensor(u, p), dtype=self.dtype)
 
 
@@ -250,57 +189,54 @@ def randperm_out(n, *, out):
     return aten.copy_.default(out, result)
 
 
-# NOTE: multinomial has no decomposition in PyTorch. With replacement: inverse CDF, each draw
-# the first category whose cumulative probability (float64) reaches a uniform in (0, 1].
-# Without replacement: the exponential race the CPU kernel also runs (Gumbel top-k): category i
-# finishes at E_i / p_i with E_i ~ Exp(1), and the first num_samples to finish, in finishing
-# order, are distributed as successive draws without replacement. Same distribution as the native
-# kernel, another stream (it draws differently); eager's argument errors are checked first,
-# and those that read the probabilities make the call run on the bypass path.
-def _multinomial_checks(self, n_sample, replacement):
-    if self.dim() not in (1, 2):
-        raise RuntimeError("prob_dist must be 1 or 2 dim")
-    if not self.dtype.is_floating_point:
-        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {self.dtype}")
-    if n_sample <= 0:
-        raise RuntimeError("cannot sample n_sample <= 0 samples")
-    if not replacement and n_sample > self.shape[-1]:
-        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
-    bad = aten.logical_or.default(aten.logical_not.default(aten.isfinite.default(self)), aten.lt.Scalar(self, 0))
-    if aten._local_scalar_dense.default(aten.any.default(bad)):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    rows = self if self.dim() == 2 else aten.unsqueeze.default(self, 0)
-    if aten._local_scalar_dense.default(aten.any.default(aten.le.Scalar(aten.sum.dim_IntList(rows, [1]), 0))):
-        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-
-
-@project_decomposition(aten.multinomial.default)
-def multinomial(self, num_samples, replacement=False, *, generator=None):
-    if generator is not None:
-        return NotImplemented
-    _multinomial_checks(self, num_samples, replacement)
-    rows = aten._to_copy.default(self if self.dim() == 2 else aten.unsqueeze.default(self, 0), dtype=torch.float64)
-    b, n = rows.shape
-    if replacement:
-        cdf = aten.cumsum.default(aten.div.Tensor(rows, aten.sum.dim_IntList(rows, [1], True)), 1)  # [b, n]
-        u = aten.rsub.Scalar(
-            aten.rand.default([b, num_samples], dtype=torch.float64, device=self.device), 1.0
-        )  # (0, 1]
-        below = aten.lt.Tensor(aten.unsqueeze.default(cdf, 1), aten.unsqueeze.default(u, 2))  # [b, s, n]
-        picks = aten.clamp.default(aten.sum.dim_IntList(below, [2]), None, n - 1)
-        # rounding can leave the last cumulative sum under u: the last category with mass, not a zero one
-        last = aten.sub.Tensor(
-            aten.sub.Scalar(aten.full.default([b, 1], n, dtype=torch.int64, device=self.device), 1),
-            aten.argmax.default(
-                aten._to_copy.default(aten.flip.default(aten.gt.Scalar(rows, 0), [1]), dtype=torch.int64), 1, True
-            ),
-        )
-        picks = aten.minimum.default(picks, last)
-    else:
-        # as the CPU kernel: the largest p / E (zero-probability categories tie at 0, and come last)
-        e = aten.neg.default(
-            aten.log1p.default(aten.neg.default(aten.rand.default([b, n], dtype=torch.float64, device=self.device)))
-        )
-        picks = aten.topk.default(aten.div.Tensor(rows, e), num_samples, 1, True, True)[1]
-    picks = aten._to_copy.default(picks, dtype=torch.int64)
-    return picks if self.dim() == 2 else aten.squeeze.dim(picks, 0)
+# NOTE: what the report says of each random op's numbers (runtime/stats.py reads these): under
+# the same seed, the draws of the ops in STREAM_DIFFERS differ from the CPU kernel's where the
+# text says, and why; those in EAGER_STREAM are eager's. An op's in-place and out= variants are
+# read through its functional op. Both speak of the decompositions in this package only.
+_BITS = (
+    "eager's numbers only where the range divides 2**24 (2**53 for a 64-bit draw: int64, float64, wide ranges): "
+    "core ATen's rand shows no more of a draw's bits; the low 53 bits of a 64-bit draw are eager's, and 32-bit "
+    "draws over ranges past 2**12 take two of the generator's outputs where eager takes one (decompositions/randint.py)"
+)
+_NORMAL = "a non-contiguous result of 16 or more elements (the CPU kernel draws it one pair at a time)"
+STREAM_DIFFERS = {
+    aten.random.default: _BITS,
+    getattr(aten.random, "from"): _BITS,
+    aten.random.to: _BITS,
+    aten.randint.default: _BITS,
+    aten.randint.generator: _BITS,
+    aten.randint.low: _BITS,
+    aten.randint.low_generator: _BITS,
+    aten.randint_like.default: _BITS,
+    aten.randint_like.generator: _BITS,
+    aten.randint_like.low_dtype: _BITS,
+    aten.randint_like.low_generator_dtype: _BITS,
+    aten.normal_.default: _NORMAL,
+    aten.normal.Tensor_float: _NORMAL,
+    aten.normal.float_Tensor: _NORMAL,
+    aten.uniform.default: "the last bit, where the CPU kernel fuses u * (to - from) + from into one rounding",
+    aten.exponential.default: "float64 results, in the last bit, where the vectorized log1p and the C library's differ",
+    aten.multinomial.default: (
+        "with replacement, two or more samples and over 1024 float32 or 16-bit categories: cumulative sums "
+        "rounded from float64 where the kernel adds in float32 (decompositions/multinomial.py); float64 "
+        "probabilities without replacement or one sample: where two ratios tie to the last bit of log1p"
+    ),
+}
+EAGER_STREAM = frozenset(
+    {
+        aten.rand_like.default,
+        aten.rand_like.generator,
+        aten.randn_like.default,
+        aten.randn_like.generator,
+        aten.normal.Tensor_Tensor,
+        aten.normal.float_float,
+        aten.bernoulli.p,
+        aten.bernoulli.Tensor,
+        aten.geometric.default,
+        aten.randperm.out,
+        aten.rand.generator,
+        aten.randn.generator,
+        aten.randperm.generator,
+        aten.randperm.generator_out,
+    }
+)

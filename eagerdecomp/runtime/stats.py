@@ -20,6 +20,9 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from eagerdecomp.decompositions.rng import EAGER_STREAM, STREAM_DIFFERS
+from eagerdecomp.ops.variants import functional_variant
+
 __all__ = ["Stats", "Route", "Report", "OpRow", "LIFTED", "FAMILY", "DISK", "COMPILED"]
 
 LIFTED = "floats lifted"  # the reason of a replay whose float arguments were kernel inputs
@@ -223,7 +226,10 @@ class Stats:
         for op, row in rows.items():
             row.into = sorted(str(o) for o in self.leaf_ops.get(op, ()))
             row.fixups = sorted(self.fixups.get(op, ()))
-            row.random = op in self.random
+            # NOTE: a call decomposed on the bypass path (an explicit generator) has no kernel to read
+            row.random = op in self.random or (row.route == "bypassed" and _seeded(op))
+            if row.random:
+                row.stream_differs, row.eager_stream = _stream(op)
             row.by_value = op in self.by_value
             row.exact_shapes = sorted(self.exact_only.get(op, ()))
             row.per_key_checks = sorted(self.unproven.get(op, ()))
@@ -231,6 +237,20 @@ class Stats:
             row.not_compiled = sorted(self.uncompiled.get(op, ()))
             row.python_replay = sorted(self.python_only.get(op, ()))
         return Report([rows[op] for op in sorted(rows, key=str)])
+
+
+def _seeded(op) -> bool:
+    return any(t.name == "nondeterministic_seeded" for t in getattr(op, "tags", ()))
+
+
+def _stream(op) -> tuple:
+    """``(where its draws differ from eager's, or None; whether they are eager's)`` for a random op,
+    read through its functional op (``random_`` is ``random``'s)."""
+    functional = functional_variant(op) or op
+    for candidate in (op, functional):
+        if candidate in STREAM_DIFFERS:
+            return STREAM_DIFFERS[candidate], False
+    return None, op in EAGER_STREAM or functional in EAGER_STREAM
 
 
 @dataclass
@@ -255,7 +275,9 @@ class OpRow:
     routed: dict = field(default_factory=dict)  # route name -> calls (communication, custom op, custom kernel)
     into: list = field(default_factory=list)
     fixups: list = field(default_factory=list)
-    random: bool = False
+    random: bool = False  # its kernels draw random numbers
+    stream_differs: str | None = None  # where its draws differ from eager's under the same seed, and why
+    eager_stream: bool = False  # its draws are eager's (decompositions/rng.py EAGER_STREAM)
     lifted: bool = False
     by_value: bool = False
     family: int = 0  # hits answered by a shape-generic kernel for a new exact key
@@ -375,8 +397,12 @@ class Report:
                     f"on the CPU x{r.on_cpu} (blocked at {r.blocked_by}): {_size(r.to_host)} to the host, "
                     f"{_size(r.to_device)} back, {r.copy_s * 1e3:.2f} ms copying"
                 )
-            if r.random:
-                notes.append("draws random numbers (stream may differ from the native kernel)")
+            if r.stream_differs:
+                notes.append(f"random stream differs from eager: {r.stream_differs}")
+            elif r.eager_stream:
+                notes.append("draws eager's random numbers")
+            elif r.random:
+                notes.append("draws random numbers (stream not checked against eager's)")
             lines.append(
                 f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}"
             )

@@ -187,10 +187,26 @@ def test_random_streams_stay_per_thread(run):
         _assert_same(want[i], got[i], f"thread {i}")
 
 
-def test_explicit_generator_has_a_clear_error_under_core_aten():
-    g = torch.Generator().manual_seed(0)
-    with ed.EagerDecompMode("core_aten"), pytest.raises(ed.UnsupportedOpError, match="randn.generator"):
-        torch.empty(3).normal_(generator=g)
+def test_explicit_generators_draw_their_own_streams_from_threads():
+    # under core_aten a generator's state is lent to the default generator for each draw, one
+    # lending at a time: every thread gets its generator's numbers, the default one is left alone
+    def draw(i):
+        g = torch.Generator().manual_seed(i)
+        out = [torch.empty(40).normal_(generator=g) for _ in range(3)] + [torch.randperm(9, generator=g)]
+        return [(o.stride(), o) for o in out + [torch.rand(3, generator=g)]]
+
+    want = {i: draw(i) for i in range(THREADS)}
+    before = torch.default_generator.get_state()
+
+    def call(i):
+        with ed.EagerDecompMode("core_aten"):
+            return draw(i)
+
+    got = _run_threads(call, THREADS)
+    assert torch.equal(torch.default_generator.get_state(), before)
+    for i in range(THREADS):
+        _assert_same(want[i], got[i], f"thread {i}")
+        assert all(torch.equal(w, o) for (_, w), (_, o) in zip(want[i], got[i])), f"thread {i}: not eager's bits"
 
 
 def test_one_trace_while_others_wait_and_replay():
