@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from eagerdecomp.dynamo.lowering import STAND_INS, TRACER_OWNS, lower, lower_leftovers, restore_stand_ins
 from eagerdecomp.errors import UnsupportedOpError
+from eagerdecomp.mode import EagerDecompMode
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.runtime import routes
 from eagerdecomp.runtime.core import runtime_for
@@ -104,7 +106,16 @@ class EagerDecompBackend:
     """
 
     def __init__(self, opset="core_aten", compiler: Callable | None = None, decompositions: Mapping | None = None):
-        runtime = runtime_for(opset, decompositions)  # the eager mode's opset and table, same construction
+        self._setup(runtime_for(opset, decompositions), compiler)  # the eager mode's opset and table, same construction
+
+    @classmethod
+    def following(cls, runtime, compiler: Callable | None = None) -> EagerDecompBackend:
+        """A backend lowering into ``runtime``'s opset with its very table (a mode's ``mode.runtime``)."""
+        backend = cls.__new__(cls)
+        backend._setup(runtime, compiler)
+        return backend
+
+    def _setup(self, runtime, compiler) -> None:
         self.opset: OpSet = runtime.opset
         self.table: dict = runtime.table
         self.compiler = compiler
@@ -218,11 +229,27 @@ def compile_backend(
 
 
 _default: EagerDecompBackend | None = None
+_of_mode: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # EagerDecompMode -> its backend
 
 
 def default_backend() -> EagerDecompBackend:
-    """The backend behind ``torch.compile(backend="eagerdecomp")`` (core ATen); its ``graphs`` are inspectable."""
+    """The backend ``torch.compile(backend="eagerdecomp")`` uses now; its ``graphs`` are inspectable.
+
+    Inside an :class:`~eagerdecomp.EagerDecompMode` (the innermost one entered in this
+    thread), a backend with that mode's opset and table, one per mode, so compiled and eager
+    regions stop at the same ops; outside every mode, core ATen's.
+
+    NOTE: dynamo keeps a compiled frame across modes (it does not guard on ours): a frame
+    compiled under one mode and run under another keeps its graphs, whose ops outside the second
+    mode's opset that mode decomposes as they run.
+    """
     global _default
+    mode = EagerDecompMode.active()
+    if mode is not None:
+        backend = _of_mode.get(mode)
+        if backend is None:
+            backend = _of_mode[mode] = EagerDecompBackend.following(mode.runtime)
+        return backend
     if _default is None:
         _default = EagerDecompBackend("core_aten")
     return _default

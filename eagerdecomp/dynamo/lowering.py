@@ -57,6 +57,9 @@ STAND_INS = {prims.as_strided.default: aten.as_strided.default}
 # broadcast to its shape) into a's elements.
 _WRITES = {prims.copy_to.default: "copy", aten.copy_.default: "copy"}
 
+# The functional write into a view of a buffer, the opset's own first.
+_SCATTERS = (prims.as_strided_scatter.default, aten.as_strided_scatter.default)
+
 # Ops the tracer itself leaves in a graph -> the op whose lowering replaces them.
 # NOTE: functionalization turns lift_fresh into lift_fresh_copy: a fresh copy of the
 # constant, which is what clone makes (in each opset's own terms once lowered).
@@ -84,6 +87,9 @@ class GraphLowerer(Lowerer):
         self.stand_ins = {op: s for op, s in STAND_INS.items() if op in opset and s not in opset}
         self.given = {_storage(t) for t in _tensors(inputs)}
         self.made: dict = {}  # storage -> the tensors of it this lowering made, its allocation first
+        # NOTE: prims' own scatter where the opset has it (aten's decomposes through index_put,
+        # which pure prims lacks)
+        self.scatter = next(op for op in _SCATTERS if op in opset or op is _SCATTERS[-1])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in TRACER_OWNS:
@@ -125,7 +131,7 @@ class GraphLowerer(Lowerer):
             value = src if src.dtype == dst.dtype else aten._to_copy.default(src, dtype=dst.dtype)
             if value.shape != dst.shape:
                 value = aten.expand.default(value, dst.shape)
-            new = aten.as_strided_scatter.default(base, value, dst.size(), dst.stride(), dst.storage_offset())
+            new = self.scatter(base, value, dst.size(), dst.stride(), dst.storage_offset())
             # every tensor of the old buffer now reads the new one (views: the same view of it)
             for t in owned:
                 if t is not base:
