@@ -3,29 +3,30 @@
 ``torch.compile`` captures what it can into FX graphs; AOTAutograd turns each
 into a forward and a backward graph. This backend lowers both with the *same*
 opset and decomposition table that :class:`~eagerdecomp.EagerDecompMode` uses
-in eager (built by :func:`~eagerdecomp.runtime.runtime_for`, walked by the same
-:class:`~eagerdecomp.lower.Lowerer`), checks that only opset ops are left, and
+in eager (built by :func:`~eagerdecomp.runtime.core.runtime_for`, walked by the same
+:class:`~eagerdecomp.runtime.lower.Lowerer`; :mod:`~eagerdecomp.dynamo.lowering` keeps
+what the graphs receive functional), checks that only opset ops are left, and
 then hands each graph to ``compiler`` (your backend compiler) or runs it as it
 is. Everything dynamo cannot capture (graph breaks) runs eagerly: under
 :class:`~eagerdecomp.EagerDecompMode` it is decomposed by the mode, so both
-halves reach only the opset.
+halves reach only the opset. ``backend="eagerdecomp"`` inside a mode uses that
+mode's opset and table (:func:`default_backend`).
 
 Example::
 
     >>> import torch, eagerdecomp as ed
-    >>> from eagerdecomp.compile import compile_backend
-    >>> backend = compile_backend("core_aten")
     >>> def f(x):
     ...     y = torch.nn.functional.silu(x)
     ...     torch._dynamo.graph_break()           # the rest runs eagerly...
     ...     return torch.nn.functional.gelu(y)
     >>> x = torch.randn(8)
-    >>> with ed.EagerDecompMode("core_aten"):    # ...and is decomposed by the mode
-    ...     y = torch.compile(f, backend=backend)(x)
+    >>> with ed.EagerDecompMode("prims") as mode:  # ...and is decomposed by the mode
+    ...     y = torch.compile(f, backend="eagerdecomp")(x)
+    ...     backend = ed.dynamo.default_backend()  # the mode's: prims, with the mode's table
     >>> torch.allclose(y, f(x))
     True
-    >>> backend.outside_opset()                   # every captured graph is in the opset
-    []
+    >>> backend.opset == mode.opset, backend.outside_opset()  # every captured graph is in the opset
+    (True, [])
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def compile_backend(
     Example::
 
         >>> import torch
-        >>> from eagerdecomp.compile import compile_backend
+        >>> from eagerdecomp import compile_backend
         >>> backend = compile_backend("core_aten")
         >>> f = torch.compile(lambda x: torch.nn.functional.silu(x).sum(), backend=backend)
         >>> _ = f(torch.randn(4))
