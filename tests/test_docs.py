@@ -61,6 +61,8 @@ def test_docstring_examples_run(module):
     import doctest
     import importlib
 
+    import torch
+
     from eagerdecomp.errors import BackendError
 
     if module == "eagerdecomp.device.refdev":
@@ -73,8 +75,13 @@ def test_docstring_examples_run(module):
     found = doctest.DocTestFinder().find(importlib.import_module(module), module)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     report: list = []
-    for test in found:
-        runner.run(test, out=report.append)
+    try:
+        for test in found:
+            # NOTE: each example's globals are kept until dynamo has let go of what it compiled
+            # in them: cleared first, they made dynamo's weakref callbacks fail at exit
+            runner.run(test, out=report.append, clear_globs=False)
+    finally:
+        torch._dynamo.reset()
     results = runner.summarize(verbose=False)
     assert results.attempted, f"{module} has '>>>' but no example doctest finds"
     assert not results.failed, "".join(report)
