@@ -129,7 +129,10 @@ def _verify(cov, graph, opset, args) -> int:
     print(f"lowering {len(ops)} ops on their samples under {opset.name or 'the opset'} ...", file=sys.stderr)
     real = coverage.verify([opset], ops, quiet=False)[0]
     counts, mismatches = coverage.check(cov, real)
-    lines = [f"{cov.summary()}", "graph verdict against real lowering (eagerdecomp.lower.Lowerer, same samples):"]
+    lines = [
+        f"{cov.summary()}",
+        "graph verdict against real lowering (eagerdecomp.runtime.lower.Lowerer, same samples):",
+    ]
     lines += [f"  {n:6} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     lines += ["", f"mismatches ({len(mismatches)}):"] + [f"  {op}: {what}: {detail}" for op, what, detail in mismatches]
     _write("\n".join(lines), args.output)

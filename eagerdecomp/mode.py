@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,6 +34,10 @@ from eagerdecomp.runtime.core import runtime_for
 from eagerdecomp.runtime.routes import defers_to_subclass
 
 __all__ = ["EagerDecompMode"]
+
+# NOTE: dynamo takes every mode off the stack while it compiles (ignore_compile_internals), so
+# the compile backend finds the mode it was called under here: entered, per thread.
+_entered = threading.local()
 
 
 class EagerDecompMode(TorchDispatchMode):
@@ -109,6 +114,26 @@ class EagerDecompMode(TorchDispatchMode):
         # with it on again, so ops a compiled graph still holds outside the opset (any
         # backend other than eagerdecomp's) are decomposed here, as are graph breaks.
         return True
+
+    def __enter__(self):
+        out = super().__enter__()
+        _entered.__dict__.setdefault("modes", []).append(self)
+        return out
+
+    def __exit__(self, *exc):
+        modes = _entered.__dict__.get("modes", [])
+        for i in range(len(modes) - 1, -1, -1):  # the innermost entry of this mode
+            if modes[i] is self:
+                del modes[i]
+                break
+        return super().__exit__(*exc)
+
+    @staticmethod
+    def active() -> EagerDecompMode | None:
+        """The innermost mode entered in this thread and not yet exited, or None; still answers
+        while dynamo compiles, when no mode is on the dispatch stack."""
+        modes = _entered.__dict__.get("modes")
+        return modes[-1] if modes else None
 
     def report(self):
         """Per-op :class:`~eagerdecomp.stats.Report` of everything this mode saw."""

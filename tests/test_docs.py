@@ -42,3 +42,46 @@ def test_measured_tables_are_rendered_from_the_benchmarks_json():
         [sys.executable, str(ROOT / "bench" / "render.py"), "--check"], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the docstrings' examples run ----------------------------------------------------------------
+
+
+def _modules_with_examples() -> list:
+    names = []
+    for path in sorted((ROOT / "eagerdecomp").rglob("*.py")):
+        if ">>>" in path.read_text():
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+@pytest.mark.parametrize("module", _modules_with_examples())
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    import torch
+
+    from eagerdecomp.errors import BackendError
+
+    if module == "eagerdecomp.device.refdev":
+        from eagerdecomp.testing import reference_device
+
+        try:
+            reference_device()
+        except BackendError as e:  # no C++ library here (EAGERDECOMP_NO_EXT=1): no device to show
+            pytest.skip(str(e))
+    found = doctest.DocTestFinder().find(importlib.import_module(module), module)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report: list = []
+    try:
+        for test in found:
+            # NOTE: each example's globals are kept until dynamo has let go of what it compiled
+            # in them: cleared first, they made dynamo's weakref callbacks fail at exit
+            runner.run(test, out=report.append, clear_globs=False)
+    finally:
+        torch._dynamo.reset()
+    results = runner.summarize(verbose=False)
+    assert results.attempted, f"{module} has '>>>' but no example doctest finds"
+    assert not results.failed, "".join(report)

@@ -5,7 +5,7 @@ when the opset holds prims; see :func:`eagerdecomp.table.default_table`): for
 every op, the ops its decomposition calls *directly* when none of them is
 lowered further. It is found by lowering the op on concrete sample inputs
 (:mod:`eagerdecomp.coverage.inputs`) with the project's own
-:class:`~eagerdecomp.lower.Lowerer`, told that every op but this one is served:
+:class:`~eagerdecomp.runtime.lower.Lowerer`, told that every op but this one is served:
 decompositions are bus stops, and these are the first stops. An op without a
 sample, or whose decomposition raised on every sample, is *undetermined*, with
 the reason: never guessed.

@@ -2,7 +2,7 @@
 
 A PrivateUse1 backend (``csrc/refdev.cpp``) whose memory is host memory and
 which has a kernel for exactly :func:`device_ops`: for ``edref`` the ops tagged
-``torch.Tag.core``, :data:`eagerdecomp.opset.RUNTIME_EXTRAS`, and
+``torch.Tag.core``, :data:`eagerdecomp.ops.opset.RUNTIME_EXTRAS`, and
 :data:`DEVICE_RUNTIME_OPS` (what a device needs to exist); for ``edprims`` the
 ``prims_fusion`` preset (every ``prims::`` op and the library ops a fusion
 compiler keeps), the same runtime ops and :data:`PRIMS_DEVICE_RUNTIME_OPS`. Each
@@ -21,7 +21,7 @@ allocator, a device guard and kernels), so it happens only when
 Example::
 
     >>> import torch
-    >>> from eagerdecomp.refdev import reference_device, op_log
+    >>> from eagerdecomp.device.refdev import reference_device, op_log
     >>> dev = reference_device()          # builds or loads csrc/ (cached)
     >>> x = torch.randn(4, device=dev)
     >>> with op_log() as ran:

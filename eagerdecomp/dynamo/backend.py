@@ -3,29 +3,30 @@
 ``torch.compile`` captures what it can into FX graphs; AOTAutograd turns each
 into a forward and a backward graph. This backend lowers both with the *same*
 opset and decomposition table that :class:`~eagerdecomp.EagerDecompMode` uses
-in eager (built by :func:`~eagerdecomp.runtime.runtime_for`, walked by the same
-:class:`~eagerdecomp.lower.Lowerer`), checks that only opset ops are left, and
+in eager (built by :func:`~eagerdecomp.runtime.core.runtime_for`, walked by the same
+:class:`~eagerdecomp.runtime.lower.Lowerer`; :mod:`~eagerdecomp.dynamo.lowering` keeps
+what the graphs receive functional), checks that only opset ops are left, and
 then hands each graph to ``compiler`` (your backend compiler) or runs it as it
 is. Everything dynamo cannot capture (graph breaks) runs eagerly: under
 :class:`~eagerdecomp.EagerDecompMode` it is decomposed by the mode, so both
-halves reach only the opset.
+halves reach only the opset. ``backend="eagerdecomp"`` inside a mode uses that
+mode's opset and table (:func:`default_backend`).
 
 Example::
 
     >>> import torch, eagerdecomp as ed
-    >>> from eagerdecomp.compile import compile_backend
-    >>> backend = compile_backend("core_aten")
     >>> def f(x):
     ...     y = torch.nn.functional.silu(x)
     ...     torch._dynamo.graph_break()           # the rest runs eagerly...
     ...     return torch.nn.functional.gelu(y)
     >>> x = torch.randn(8)
-    >>> with ed.EagerDecompMode("core_aten"):    # ...and is decomposed by the mode
-    ...     y = torch.compile(f, backend=backend)(x)
+    >>> with ed.EagerDecompMode("prims") as mode:  # ...and is decomposed by the mode
+    ...     y = torch.compile(f, backend="eagerdecomp")(x)
+    ...     backend = ed.dynamo.default_backend()  # the mode's: prims, with the mode's table
     >>> torch.allclose(y, f(x))
     True
-    >>> backend.outside_opset()                   # every captured graph is in the opset
-    []
+    >>> backend.opset == mode.opset, backend.outside_opset()  # every captured graph is in the opset
+    (True, [])
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import collections
 import functools
 import operator
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -42,11 +44,12 @@ import torch.fx as fx
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import _disable_current_modes
 
+from eagerdecomp.dynamo.lowering import STAND_INS, TRACER_OWNS, lower, lower_leftovers, restore_stand_ins
 from eagerdecomp.errors import UnsupportedOpError
+from eagerdecomp.mode import EagerDecompMode
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.runtime import routes
 from eagerdecomp.runtime.core import runtime_for
-from eagerdecomp.runtime.lower import Lowerer, Stuck
 
 __all__ = ["compile_backend", "EagerDecompBackend", "LoweredGraph", "dynamo_backend", "default_backend", "register"]
 
@@ -92,62 +95,6 @@ class LoweredGraph:
         )
 
 
-# Ops AOTAutograd's tracer must see itself: never decomposed while compiling.
-# NOTE: the tracer turns a tensor constant (torch.tensor(...) in user code or in a
-# decomposition) into a graph constant when it meets lift_fresh; the eager Lowerer
-# returns the constant as it is, which would hand a real tensor to the fake trace.
-_TRACER_OWNS = {aten.lift_fresh.default}
-
-# Ops the tracer itself leaves in a graph, rewritten into their opset equivalent.
-# NOTE: functionalization turns lift_fresh into lift_fresh_copy (not core): a fresh copy
-# of the constant, which is what clone makes.
-_GRAPH_REWRITES = {aten.lift_fresh_copy.default: aten.clone.default}
-
-
-class _CompileLowerer(Lowerer):
-    """The eager :class:`Lowerer`, except that ops of ``_TRACER_OWNS`` go on to the tracer."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in _TRACER_OWNS:
-            return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-def _lower(op, opset, table, *args, **kwargs):
-    """Decompose ``op`` inside AOTAutograd's trace, exactly as the eager runtime would."""
-    try:
-        return _CompileLowerer(opset, table, _call).lower(op, args, kwargs)
-    except Stuck as e:
-        raise UnsupportedOpError(op, e.chain, e.reason) from None
-
-
-def _rewrite(gm: fx.GraphModule) -> None:
-    changed = False
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _GRAPH_REWRITES:
-            node.target = _GRAPH_REWRITES[node.target]
-            changed = True
-    if changed:
-        gm.recompile()
-
-
-# Opset ops AOTAutograd refuses to find in a graph.
-# NOTE: prims.as_strided is a view, but its schema marks its input as written to
-# (``Tensor(a!)``), and AOTAutograd's functional-graph check rejects any such node.
-_REFUSED_BY_AOT = {
-    torch.ops.prims.as_strided.default: "a view whose schema says it mutates its input, "
-    "which AOTAutograd's functional-graph check rejects",
-}
-
-
-def _call(func, args, kwargs):
-    # the opset op goes on down to AOTAutograd's tracer, which records it
-    reason = _REFUSED_BY_AOT.get(func)
-    if reason is not None:
-        raise UnsupportedOpError(func, (func,), reason)
-    return func(*args, **kwargs)
-
-
 KEEP_GRAPHS = 256
 
 
@@ -160,15 +107,28 @@ class EagerDecompBackend:
     """
 
     def __init__(self, opset="core_aten", compiler: Callable | None = None, decompositions: Mapping | None = None):
-        runtime = runtime_for(opset, decompositions)  # the eager mode's opset and table, same construction
+        self._setup(runtime_for(opset, decompositions), compiler)  # the eager mode's opset and table, same construction
+
+    @classmethod
+    def following(cls, runtime, compiler: Callable | None = None) -> EagerDecompBackend:
+        """A backend lowering into ``runtime``'s opset with its very table (a mode's ``mode.runtime``)."""
+        backend = cls.__new__(cls)
+        backend._setup(runtime, compiler)
+        return backend
+
+    def _setup(self, runtime, compiler) -> None:
         self.opset: OpSet = runtime.opset
         self.table: dict = runtime.table
         self.compiler = compiler
         self.graphs: collections.deque = collections.deque(maxlen=KEEP_GRAPHS)
         # AOTAutograd consults its table for every op it traces; each entry starts our Lowerer,
         # which then owns the whole recursive decomposition (cycle guards, bus stops included).
+        # (a stand-in is recorded as it is: lowering it would only lead back to it)
+        stand_ins = {s for op, s in STAND_INS.items() if op in self.opset}
         self._aot_table = {
-            op: functools.partial(_lower, op, self.opset, self.table) for op in self.table if op not in _TRACER_OWNS
+            op: functools.partial(lower, op, self.opset, self.table)
+            for op in self.table
+            if op not in TRACER_OWNS and op not in stand_ins
         }
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs):
@@ -196,12 +156,14 @@ class EagerDecompBackend:
                     continue
                 route = routes.custom_route(op, self.table)
                 if route is not None and route.name == routes.CUSTOM_IMPL:
-                    self._aot_table[op] = functools.partial(_lower, op, self.opset, self.table)
+                    self._aot_table[op] = functools.partial(lower, op, self.opset, self.table)
 
     def _finish(self, kind: str, gm: fx.GraphModule, example_inputs):
         from torch._functorch.aot_autograd import make_boxed_func
 
-        _rewrite(gm)
+        # ops AOTAutograd's own passes added after tracing, then the preset's ops for stand-ins
+        lower_leftovers(gm, self._allowed, self.opset, self.table)
+        restore_stand_ins(gm, self.opset)
         self.validate(gm)
         self.graphs.append(LoweredGraph(kind, gm))
         if self.compiler is None:
@@ -211,6 +173,9 @@ class EagerDecompBackend:
         with _disable_current_modes():
             compiled = self.compiler(gm, example_inputs)
         return compiled if getattr(compiled, "_boxed_call", False) else make_boxed_func(compiled)
+
+    def _allowed(self, target) -> bool:
+        return _is_allowed(target, self.opset, self.table)
 
     def validate(self, gm: fx.GraphModule) -> None:
         """Raise :class:`UnsupportedOpError` naming the first op node outside the opset."""
@@ -254,7 +219,7 @@ def compile_backend(
     Example::
 
         >>> import torch
-        >>> from eagerdecomp.compile import compile_backend
+        >>> from eagerdecomp import compile_backend
         >>> backend = compile_backend("core_aten")
         >>> f = torch.compile(lambda x: torch.nn.functional.silu(x).sum(), backend=backend)
         >>> _ = f(torch.randn(4))
@@ -265,11 +230,27 @@ def compile_backend(
 
 
 _default: EagerDecompBackend | None = None
+_of_mode: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # EagerDecompMode -> its backend
 
 
 def default_backend() -> EagerDecompBackend:
-    """The backend behind ``torch.compile(backend="eagerdecomp")`` (core ATen); its ``graphs`` are inspectable."""
+    """The backend ``torch.compile(backend="eagerdecomp")`` uses now; its ``graphs`` are inspectable.
+
+    Inside an :class:`~eagerdecomp.EagerDecompMode` (the innermost one entered in this
+    thread), a backend with that mode's opset and table, one per mode, so compiled and eager
+    regions stop at the same ops; outside every mode, core ATen's.
+
+    NOTE: dynamo keeps a compiled frame across modes (it does not guard on ours): a frame
+    compiled under one mode and run under another keeps its graphs, whose ops outside the second
+    mode's opset that mode decomposes as they run.
+    """
     global _default
+    mode = EagerDecompMode.active()
+    if mode is not None:
+        backend = _of_mode.get(mode)
+        if backend is None:
+            backend = _of_mode[mode] = EagerDecompBackend.following(mode.runtime)
+        return backend
     if _default is None:
         _default = EagerDecompBackend("core_aten")
     return _default

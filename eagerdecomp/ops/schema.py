@@ -4,7 +4,7 @@ namespace, and what an op writes.
 Example::
 
     >>> import torch
-    >>> from eagerdecomp import schema
+    >>> from eagerdecomp.ops import schema
     >>> schema.op_from_name("aten::add.out") is torch.ops.aten.add.out
     True
     >>> schema.is_out(torch.ops.aten.add.out), schema.is_inplace(torch.ops.aten.add_.Tensor)

@@ -2,7 +2,7 @@
 
 :func:`load` returns the prebuilt extension ``eagerdecomp._C`` or None. Loading
 it has no side effects: it only holds functions (the reference device
-registers itself when :func:`eagerdecomp.refdev.reference_device` asks).
+registers itself when :func:`eagerdecomp.device.refdev.reference_device` asks).
 Without it, eagerdecomp runs its pure-Python path and warns once;
 ``EAGERDECOMP_NO_EXT=1`` forces that path without a warning. A library built
 against another torch than the running one is not used either (one warning):
@@ -13,7 +13,7 @@ keyed by the torch version and the sources' hash.
 
 Example::
 
-    >>> from eagerdecomp import _ext
+    >>> from eagerdecomp.runtime import library as _ext
     >>> lib = _ext.load()            # the module, or None on the pure-Python path
     >>> _ext.status()["loaded"] in ("prebuilt", "jit", "disabled", "missing", "not loaded")
     True

@@ -23,6 +23,7 @@ Example::
     >>> import torch
     >>> import eagerdecomp as ed
     >>> from eagerdecomp.runtime import hits
+    >>> ed.cache_clear()                          # (kernels are cached process-wide)
     >>> mode = ed.EagerDecompMode("core_aten")
     >>> x = torch.randn(8)
     >>> with mode:

@@ -2,7 +2,7 @@
 
 Tracing runs on fake tensors so no data value is baked in and nothing is
 executed for real (an in-place op is applied once, on its real call, and no
-random numbers are drawn). The :class:`~eagerdecomp.lower.Lowerer` records
+random numbers are drawn). The :class:`~eagerdecomp.runtime.lower.Lowerer` records
 every opset op it reaches as a graph node; :mod:`eagerdecomp.exact` then checks
 the outputs against the op's own meta kernel and adds the fix-ups that make
 the kernel eager-exact.
