@@ -48,12 +48,15 @@ def _assert_same_outcome(got, want):
             assert torch.equal(got.cpu(), want)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
+# every case in its contiguous layout, and the 4-d ones channels-last too (CPU's kernels differ by layout)
+LAYOUTS = [(*case, False) for case in CASES] + [(*case, True) for case in CASES if len(case[0]) == 4]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape,mode,antialias", CASES, ids=[f"{m}-aa{a}-{len(s) - 2}d" for s, m, a in CASES])
-def test_resize_dtypes_under_the_mode(shape, mode, antialias, dtype, channels_last):
-    if channels_last and len(shape) != 4:
-        pytest.skip("channels_last is a 4-d layout")
+@pytest.mark.parametrize(
+    "shape,mode,antialias,channels_last", LAYOUTS, ids=[f"{m}-aa{a}-{len(s) - 2}d-cl{c}" for s, m, a, c in LAYOUTS]
+)
+def test_resize_dtypes_under_the_mode(shape, mode, antialias, channels_last, dtype):
     x = torch.randint(0, 100, shape).to(dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
