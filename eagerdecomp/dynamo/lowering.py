@@ -84,7 +84,7 @@ class GraphLowerer(Lowerer):
 
     def __init__(self, opset, table, inputs=()):
         super().__init__(opset, table, self._emit)
-        self.stand_ins = {op: s for op, s in STAND_INS.items() if op in opset and s not in opset}
+        self.stand_ins = {op: s for op, s in STAND_INS.items() if op in opset}
         self.given = {_storage(t) for t in _tensors(inputs)}
         self.made: dict = {}  # storage -> the tensors of it this lowering made, its allocation first
         # NOTE: prims' own scatter where the opset has it (aten's decomposes through index_put,
