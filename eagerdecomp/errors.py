@@ -1,6 +1,12 @@
 """The one error hierarchy of eagerdecomp.
 
 Every message names the op, what was expected, what was found, and what to do.
+
+NOTE: :class:`EagerDecompError` derives from RuntimeError on purpose: PyTorch's own errors are
+RuntimeErrors, and code that catches RuntimeError around eager calls keeps working under the mode
+(:class:`UnsupportedOpError` is a NotImplementedError too, as eager's missing-kernel error). The
+price: ``isinstance(e, RuntimeError)`` cannot tell eager's error from ours, so a check that eager's
+error surfaces compares the exact type (``type(e) is type(eager_e)``; tests/compare.py).
 """
 
 __all__ = [

@@ -1,8 +1,32 @@
-"""`make demo`, one of the two commands a newcomer types, runs and says what it promises."""
+"""`make demo`, one of the two commands a newcomer types, runs and says what it promises, and the
+numbers it prints are the ones a native run here gives (and agree with each other)."""
 
 import json
+import re
 import subprocess
 import sys
+
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp.demo import TransformerBlock, train_step
+
+_NUM = r"([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+
+
+def _find(pattern: str, out: str) -> list:
+    m = re.search(pattern.replace("{N}", _NUM), out)
+    assert m, (pattern, out)
+    return [float(g) for g in m.groups()]
+
+
+def _native_losses(steps: int) -> list:
+    # the demo's native side, here: the same seed, model, batch and optimizer
+    torch.manual_seed(0)
+    model = TransformerBlock(dropout=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = TransformerBlock.batch()
+    return [train_step(model, opt, x, y)[1].item() for _ in range(steps)]
 
 
 def test_the_demo_runs_and_matches_native():
@@ -15,6 +39,44 @@ def test_the_demo_runs_and_matches_native():
     # on the reference device: strict alone, and every kernel it ran its own with the switch
     assert "without eagerdecomp: NotImplementedError" in out, out
     assert "all its own: True" in out, out
+    _check_numbers(out)
+
+
+def _check_numbers(out: str) -> None:
+    # the numbers: the first step's losses are a native run's (printed to 6 decimals), and the
+    # differences it prints are float32 rounding of decomposed chains, not a wrong formula
+    steps = int(_find(r"AdamW, {N} steps", out)[0])
+    native = _native_losses(steps)
+    loss_n, loss_o, logits, grads, params = _find(
+        r"loss {N} vs {N} \| max \|diff\| logits {N}, gradients {N}, parameters after AdamW {N}", out
+    )
+    assert abs(loss_n - native[0]) <= 1e-6 and abs(loss_o - loss_n) <= 1e-6, (loss_n, loss_o, native[0])
+    assert max(logits, grads, params) <= 1e-5, out
+    last_d, last_cpu, worst, params_d = _find(
+        r"{N} steps, last loss {N} vs CPU {N}; max \|diff\| logits/gradients {N}, parameters {N}", out
+    )[1:]
+    assert abs(last_cpu - native[-1]) <= 1e-6 and abs(last_d - last_cpu) <= 1e-6, (last_d, last_cpu, native)
+    assert max(worst, params_d) <= 1e-5, out
+
+    # the table of decomposed ops: as many rows as it says, each into core ATen ops
+    (count,) = _find(r"\n{N} distinct non-core ops were decomposed", out)
+    table = out.split("distinct non-core ops were decomposed")[1].split("\ncache:")[0].strip().splitlines()[1:]
+    assert len(table) == count > 0, table
+    core = {str(op) for op in ed.OpSet.preset("core_aten")}
+    for row in table:
+        op, calls, traced, arrow, *into = row.split()
+        assert calls.startswith("x") and int(calls[1:]) > 0 and int(traced) >= 0 and arrow == "->", row
+        assert into and all("aten." + o.rstrip(",") in core for o in into), row
+    size, hits, misses, negative = _find(r"cache: {N} kernels, {N} hits, {N} misses, {N} negative", out)
+    assert 0 < size <= misses and hits > 0 and negative >= 0, out
+    # the timing line's ratio is its own two numbers' (no claim on how fast)
+    nat, first, steady, ratio = _find(
+        r"native {N} ms \| first step {N} ms \(tracing\) \| steady state {N} ms \({N}x", out
+    )
+    assert min(nat, first, steady) > 0 and abs(ratio - steady / nat) <= 0.051 + 0.001 * ratio, (nat, steady, ratio)
+    ran, distinct, lacking = _find(r"the device ran {N} kernels of {N} distinct ops, all its own: True; {N} ops", out)
+    (with_kernels,) = _find(r"\({N} ops with kernels\)", out)
+    assert 0 < distinct <= min(ran, with_kernels) and lacking > 0, out
 
 
 # runs the demo's first half with time_steps watched: the modes active whenever it times steps

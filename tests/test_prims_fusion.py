@@ -15,6 +15,7 @@ import eagerdecomp as ed
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
 from eagerdecomp.ops.opset import PRIMS_LIBRARY_OPS, RUNTIME_EXTRAS
 from eagerdecomp.testing import RecordingMode
+from tests.compare import assert_params_close, train_like_eager
 
 aten = torch.ops.aten
 PRESET = "prims_fusion"
@@ -33,25 +34,6 @@ def test_preset_is_prims_plus_its_library_ops():
     assert len(PRIMS_LIBRARY_OPS) <= 25
     for op, reason in PRIMS_LIBRARY_OPS.items():
         assert op.namespace == "aten" and len(reason) > 20, op
-
-
-def _steps(model_cls, steps=2):
-    torch.manual_seed(0)
-    native = model_cls()
-    ours = copy.deepcopy(native)
-    opt_n = torch.optim.AdamW(native.parameters(), lr=1e-2)
-    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    x, y = model_cls.batch()
-    for _ in range(steps):
-        ln, lossn, gn = train_step(native, opt_n, x, y)
-        with RecordingMode() as rec, ed.EagerDecompMode(PRESET) as mode:
-            lo, losso, go = train_step(ours, opt_o, x, y)
-        rec.assert_only(PRESET)
-        torch.testing.assert_close(lo, ln, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(losso, lossn, rtol=1e-4, atol=1e-5)
-        for a, b in zip(go, gn):
-            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
-    return native, ours, mode, gn, rec
 
 
 def _native_ops(model_cls) -> set:
@@ -74,12 +56,10 @@ _block.batch = TransformerBlock.batch
 
 @pytest.mark.parametrize("model_cls", [_block, SmallCNN], ids=["transformer", "cnn"])
 def test_demo_models_train_like_native_reaching_only_the_preset(model_cls):
-    native, ours, mode, grads, rec = _steps(model_cls)
+    native, ours, mode, grads, rec = train_like_eager(model_cls, PRESET)
     assert any(op.namespace == "prims" for op in rec.ops)  # a prims program reached the kernels
     assert _native_ops(model_cls) - set(rec.ops)  # (and not the native one)
-    for p, q, g in zip(native.parameters(), ours.parameters(), grads):
-        signal = g.abs() > 1e-4 * g.abs().max().clamp_min(1e-30)  # see tests/test_training.py
-        torch.testing.assert_close(q[signal], p[signal], rtol=1e-3, atol=1e-5)
+    assert_params_close(native, ours, grads)
     for b, c in zip(native.buffers(), ours.buffers()):  # batch norm's running statistics
         torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5)
     passed = {r.op for r in mode.report().rows if r.route == "passthrough"}

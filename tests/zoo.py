@@ -216,15 +216,18 @@ def _parts(result) -> dict:
     return {"loss": {"loss": loss}, "grads": grads, "buffers": buffers, "outputs": dict(enumerate(outputs))}
 
 
-def _float64(model, x, labels):
+def _float64(model, x, labels, seeded=False):
     """The reference: the same step and pass in float64 (None where the model does not run so)."""
+    import contextlib
+
     import torch
 
     try:
         m = model.double()
         x = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in x.items()}
         torch.manual_seed(1)
-        return _parts((_train(m, x, labels), _infer(m, x)))
+        with SeededNoise() if seeded else contextlib.nullcontext():
+            return _parts((_train(m, x, labels), _infer(m, x)))
     except Exception:  # noqa: BLE001 - some kernels have no float64 form: the strict check alone
         return None
 
@@ -254,6 +257,51 @@ def judge(got: dict, native: dict, float64) -> tuple:
     return failures, worst, judged
 
 
+class SeededNoise:
+    """Within it, every random op (``torch.Tag.nondeterministic_seeded``) that reaches the top of
+    the dispatch stack is answered by the native CPU kernel from a private stream, the same in every
+    run that starts from the same seed: a model that draws its own noise (VITS: ``randn_like``) then
+    gets the same numbers natively and under the mode, and its values can be compared.
+
+    NOTE: entered last (innermost), it sees the calls the model makes, before the mode decomposes
+    them, so both runs ask it for the same draws in the same order; the mode's own random paths are
+    checked elsewhere (the conformance suite, tests/runtime/test_semantics.py). CPU tensors only:
+    a device's random ops need the device's generator (the device runs keep their verdict).
+    """
+
+    def __init__(self, seed: int = 1234):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+        noise = self
+        self.state = torch.Generator().manual_seed(seed).get_state()
+        self.ops: list = []
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+                    return func(*args, **kwargs)
+                noise.ops.append(str(func))
+                with _disable_current_modes():
+                    saved = torch.get_rng_state()
+                    torch.set_rng_state(noise.state)
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        noise.state = torch.get_rng_state()
+                        torch.set_rng_state(saved)
+
+        self.mode = _Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
 def _on(device, x):
     import torch
 
@@ -266,12 +314,19 @@ def _cpu(result):
     return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, result)
 
 
-def check(name: str, device: str | None = None) -> dict:
+def check(name: str, device: str | None = None, seeded: bool = False) -> dict:
     """One model: ``{"name", "verdict", ...}``; verdict is ``match``, ``mismatch``, ``error``
     (eagerdecomp raised one of its errors), ``crash`` (anything else raised), ``stray``
     (non-core ops reached the kernels) or ``native failed``. With ``device`` (``"edref"``, the
     reference device, loaded by :func:`main` before any backward pass), the model runs there with
-    ``ed.enable`` instead of under the mode: the device itself has kernels for core ATen alone."""
+    ``ed.enable`` instead of under the mode: the device itself has kernels for core ATen alone.
+
+    A model that draws its own random numbers and mismatches under the mode is checked again with
+    ``seeded``: both runs draw them from one :class:`SeededNoise` stream (row ``"seeded noise"``),
+    so its values are compared all the same; an ``UnsupportedOpError`` names its blocking op
+    (row ``"blocker"``)."""
+    import contextlib
+
     import torch
 
     import eagerdecomp as ed
@@ -293,7 +348,8 @@ def check(name: str, device: str | None = None) -> dict:
             ours, wide = copy.deepcopy(model), copy.deepcopy(model)
             t0 = time.perf_counter()
             torch.manual_seed(1)
-            native = _train(model, x, labels), _infer(model, x)
+            with SeededNoise() if seeded else contextlib.nullcontext():
+                native = _train(model, x, labels), _infer(model, x)
             try:
                 generated = _generate(model, x)
             except Exception:  # noqa: BLE001 - made-up inputs it does not generate from: not checked
@@ -309,7 +365,8 @@ def check(name: str, device: str | None = None) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if device is None:
-                with rec, ed.EagerDecompMode("core_aten") as mode:
+                noise = SeededNoise() if seeded else contextlib.nullcontext()
+                with rec, ed.EagerDecompMode("core_aten") as mode, noise:
                     torch.manual_seed(1)
                     got = _train(ours, x, labels), _infer(ours, x)
                     got_generated = _generate(ours, x) if generated is not None else None
@@ -324,6 +381,8 @@ def check(name: str, device: str | None = None) -> dict:
                 finally:
                     ed.disable(device)
     except ed.EagerDecompError as e:
+        if isinstance(e, ed.UnsupportedOpError):
+            row["blocker"] = str(e.chain[-1]) if e.chain else str(e.op)
         return dict(row, verdict="error", detail=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")
     except Exception as e:  # noqa: BLE001 - a crash that is not one of our errors is a bug
         tb = traceback.format_exc().strip().splitlines()
@@ -336,11 +395,13 @@ def check(name: str, device: str | None = None) -> dict:
     row["decomposed"] = len(rep.decomposed)
     row["traced"] = sum(r.traces for r in rep.rows)
     random = sorted(str(r.op) for r in rep.rows if r.random)
-    if random:  # a dropout the zeroing missed: eager's stream is not ours, so values cannot match
+    if random:  # a dropout the zeroing missed, or noise the model draws: eager's stream is not ours
         row["random"] = random
+    if seeded:
+        row["seeded noise"] = sorted(set(noise.ops))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        failures, worst, judged = judge(_parts(got), _parts(native), lambda: _float64(wide, x, labels))
+        failures, worst, judged = judge(_parts(got), _parts(native), lambda: _float64(wide, x, labels, seeded))
     if judged:
         row["vs float64"] = judged
     row["worst"] = {k: float(f"{v:.3g}") for k, v in worst.items()}
@@ -351,6 +412,8 @@ def check(name: str, device: str | None = None) -> dict:
             failures.append(f"generate: {why}")
     stray = rec.outside("core_aten")
     if failures:
+        if random and device is None and not seeded:  # its own noise: compared on one stream
+            return dict(check(name, device, seeded=True), random=random, unseeded=failures[:2])
         return dict(row, verdict="mismatch", detail=failures[:4])
     if stray:
         return dict(row, verdict="stray", detail=[str(op) for op in stray][:8])

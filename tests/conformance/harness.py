@@ -361,6 +361,22 @@ def _classify_exception(e, variant) -> Outcome:
     return Outcome("error", variant, f"{type(e).__name__}: {_first_line(e)[:300]}")
 
 
+def _both_raise(native_error, e, variant) -> Outcome:
+    """Eager rejects the call: the mode must reject it as eager does, with eager's very exception
+    type. NOTE: an EagerDecompError is a RuntimeError, so an isinstance check would take our own
+    decline (or a TraceError) for eager's rejection: ours is classified as ours."""
+    if isinstance(e, ed.EagerDecompError):
+        return _classify_exception(e, variant)
+    if type(e) is not type(native_error):
+        return Outcome(
+            "wrong",
+            variant,
+            f"eager raises {type(native_error).__name__}: {_first_line(native_error)[:150]}; "
+            f"the mode raises {type(e).__name__}: {_first_line(e)[:150]}",
+        )
+    return Outcome("pass", variant, "eager and the mode both raise", notes=["both-raise"])
+
+
 def _passed(mode, variant, **kw) -> Outcome:
     rows = mode.report().rows
     native_only = all(r.route == "passthrough" for r in rows)
@@ -395,8 +411,7 @@ def run_variant(fn, sample_args, variant, make_out=None, values: bool = True) ->
             got, mode, rec = _run_mode(fn, got_args)
     except Exception as e:  # noqa: BLE001
         if native_error is not None and not isinstance(e, SampleTimeout):
-            # eager rejects this call too: the mode must reject it, and did
-            return Outcome("pass", variant, "eager and the mode both raise", notes=["both-raise"])
+            return _both_raise(native_error, e, variant)
         return _classify_exception(e, variant)
     if native_error is not None:
         return Outcome(

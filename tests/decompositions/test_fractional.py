@@ -7,22 +7,13 @@ import torch
 
 import eagerdecomp as ed
 from eagerdecomp.testing import RecordingMode
+from tests.compare import check_against_eager
 
 aten = torch.ops.aten
 
 
-def _same(want, got):
-    for w, g in zip(want, got):
-        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
-        assert torch.equal(w.nan_to_num(), g.nan_to_num()) and torch.equal(w.isnan(), g.isnan())
-
-
 def _run(op, x, *args):
-    want = op(x, *args)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
-        got = op(x, *args)
-    rec.assert_only("core_aten")
-    _same(want, got)
+    check_against_eager(op, x, *args)
 
 
 def _input(shape, dtype, g):

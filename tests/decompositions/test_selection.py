@@ -7,24 +7,11 @@ import torch
 
 import eagerdecomp as ed
 from eagerdecomp.decompositions.selection import MODE_MAX_SIZE, _introselect_all_equal
-from eagerdecomp.testing import RecordingMode
-
-
-def _same(want, got):
-    for w, g in zip(want, got):
-        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
-        if w.dtype.is_floating_point:
-            assert torch.equal(w.isnan(), g.isnan())
-            w, g = w.nan_to_num(), g.nan_to_num()
-        assert torch.equal(w, g)
+from tests.compare import assert_like_eager, check_against_eager
 
 
 def _check(fn, x, *args, **kwargs):
-    want = fn(x, *args, **kwargs)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
-        got = fn(x, *args, **kwargs)
-    rec.assert_only("core_aten")
-    _same(want, got)
+    check_against_eager(fn, x, *args, **kwargs)
 
 
 def _rows(g, shape, dtype, nan=0.0, levels=4):
@@ -120,4 +107,4 @@ def test_on_the_reference_device(switched_device):
     y = x.to(switched_device)
     for fn, args in ((torch.median, (1,)), (torch.nanmedian, (0,)), (torch.mode, (1,)), (torch.kthvalue, (3, 1))):
         want, got = fn(x, *args), fn(y, *args)
-        _same(want, [t.cpu() for t in got])
+        assert_like_eager(list(want), [t.cpu() for t in got])

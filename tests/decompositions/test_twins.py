@@ -6,29 +6,13 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.testing import RecordingMode
+from tests.compare import check_against_eager
 
 aten = torch.ops.aten
 
 
-def _same(want, got):
-    if isinstance(want, torch.Tensor):
-        want, got = [want], [got]
-    assert len(want) == len(got)
-    for w, g in zip(want, got):
-        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
-        assert torch.equal(w.isnan(), g.isnan()) if w.is_floating_point() else True
-        assert torch.equal(w.nan_to_num(), g.nan_to_num())
-        if w.is_floating_point():  # -0.0 and +0.0 too
-            assert torch.equal(torch.signbit(w), torch.signbit(g))
-
-
 def _check(fn, *args, **kwargs):
-    want = fn(*args, **kwargs)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
-        got = fn(*args, **kwargs)
-    rec.assert_only("core_aten")
-    _same(want, got)
+    check_against_eager(fn, *args, **kwargs)  # exact: NaN, the sign of zero, every bit
 
 
 def _data(dtype, n=37):
@@ -79,12 +63,8 @@ def test_slow_conv3d_forward():
         torch.randn(4, 3, 2, 3, 2, generator=g),
         torch.randn(4, generator=g),
     )
-    want = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
-        got = aten.slow_conv3d_forward(x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1])
-    rec.assert_only("core_aten")
-    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
-    torch.testing.assert_close(got, want)  # another convolution kernel: rounding may differ
+    # another convolution kernel: rounding may differ
+    check_against_eager(aten.slow_conv3d_forward, x, w, [2, 3, 2], b, [1, 2, 1], [0, 1, 1], exact=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)

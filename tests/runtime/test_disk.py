@@ -2,6 +2,7 @@
 unreadable entries are ignored with one warning and rebuilt; concurrent writers leave a
 valid cache; cache_clear(disk=True); the switch; user decompositions are not persisted."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -15,27 +16,34 @@ import torch.nn.functional as F
 import eagerdecomp as ed
 from eagerdecomp.decompositions import registry
 from eagerdecomp.runtime import disk, hits
+from tests.compare import assert_like_eager
 
 aten = torch.ops.aten
 
-# one process's work: decomposed ops at two lengths (shape families and exact kernels);
-# prints "traces loaded family" summed over the report, then a checksum of the results
+# one process's work: decomposed ops at two lengths (shape families and exact kernels), on
+# transposed and permuted inputs too; prints "traces loaded family" summed over the report, and
+# saves the inputs, the mode's outputs and native eager's (torch.save keeps strides and storages)
 SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.nn.functional as F
     import eagerdecomp as ed
+
+    def work(x):
+        n = x.shape[0]
+        return [
+            F.mish(x), torch.logsumexp(x, 1), F.silu(x.t()), F.mish(x.view(n, 2, 3).permute(2, 0, 1)),
+            *torch.split(x, 2, 0), F.cross_entropy(x, torch.zeros(n, dtype=torch.long)),
+        ]
+
     torch.manual_seed(0)
-    total = 0.0
+    xs = [torch.randn(n, 6) for n in (5, 9)]
+    native = [work(x) for x in xs]
     with ed.EagerDecompMode("core_aten") as mode:
-        for n in (5, 9):
-            x = torch.randn(n, 6)
-            total += float(F.mish(x).sum() + torch.logsumexp(x, 1).sum() + F.silu(x.t()).sum())
-            total += float(sum(t.sum() for t in torch.split(x, 2, 0)))
-            total += float(torch.nn.functional.cross_entropy(x, torch.zeros(n, dtype=torch.long)))
+        ours = [work(x) for x in xs]
     rows = mode.report().rows
     traces, loaded, family = (sum(getattr(r, k) for r in rows) for k in ("traces", "loaded", "family"))
     print(traces, loaded, family, ed.cache_info().preloaded)
-    print(repr(total))
+    torch.save({"inputs": xs, "native": native, "mode": ours}, sys.argv[1])
     """
 )
 
@@ -67,12 +75,23 @@ def on_disk(tmp_path, monkeypatch, no_user_decompositions):
 
 
 def _run(env_dir, extra_env=None):
+    """One process's counts, its results under the mode (checked against native eager's in the same
+    process: values to rounding, dtypes, shapes, strides, aliasing of split's views), and stderr."""
     env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(env_dir), EAGERDECOMP_DISK_CACHE="1")
     env.update(extra_env or {})
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    saved = env_dir.parent / f"{env_dir.name}-results-{next(_RUNS)}.pt"
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(saved)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    counts, total = out.stdout.strip().splitlines()[-2:]
-    return tuple(map(int, counts.split())), total, out.stderr
+    counts = out.stdout.strip().splitlines()[-1]
+    results = torch.load(saved)
+    for x, want, got in zip(results["inputs"], results["native"], results["mode"]):
+        assert_like_eager(want, got, exact=False, inputs=[x])
+    return tuple(map(int, counts.split())), results["mode"], out.stderr
+
+
+_RUNS = itertools.count()
 
 
 def _entries(root):
@@ -86,23 +105,24 @@ def kernels_only(monkeypatch):
 
 
 def test_a_second_process_loads_instead_of_tracing(tmp_path):
-    (traces1, loaded1, _, preloaded1), total1, _ = _run(tmp_path)
+    (traces1, loaded1, _, preloaded1), results1, _ = _run(tmp_path)
     assert traces1 > 0 and loaded1 == 0 and preloaded1 == 0
-    (traces2, loaded2, family2, preloaded2), total2, err = _run(tmp_path)
+    (traces2, loaded2, family2, preloaded2), results2, err = _run(tmp_path)
     assert traces2 == 0
     if hits.enabled():  # the first process's C++ programs are installed before the first miss
         assert preloaded2 > 0
     else:
         assert loaded2 > 0 and preloaded2 == 0
-    assert total1 == total2
+    assert_like_eager(results1, results2)  # the loaded kernels are the traced ones: bit for bit
     assert "unreadable" not in err
 
 
 def test_the_kernels_load_when_programs_do_not(tmp_path):
-    (traces, loaded, _, preloaded), total1, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
+    (traces, loaded, _, preloaded), results1, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
     assert traces > 0 and preloaded == 0
-    (traces, loaded, _, preloaded), total2, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
-    assert traces == 0 and loaded > 0 and total1 == total2
+    (traces, loaded, _, preloaded), results2, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
+    assert traces == 0 and loaded > 0
+    assert_like_eager(results1, results2)
 
 
 def test_switched_off_writes_nothing(tmp_path):
