@@ -1,0 +1,149 @@
+"""Training-loop idioms (tests/idioms.py) under the mode and on edref with the switch, each
+against the same code run natively (issue 49).
+
+Every idiom runs three times from the same seed: natively on CPU, under
+``EagerDecompMode("core_aten")`` with a :class:`RecordingMode` outside it (the witness that only
+core ops reached the kernels), and on the reference device with the switch on. The results must
+agree on structure, dtypes, shapes, significant strides (the conformance harness's
+``compare_outputs``), values to rounding, and the text and flags the idiom returns; where eager
+raises, the same exception type.
+
+Idioms that wait on another branch carry its marker (``needs_storage_ops``: ``set_`` and the
+storage ops, packed sequences, sparse and complex; ``needs_rng_streams``: the full-range
+``random_`` a DataLoader draws its seed with, dropout's masks, ``multinomial`` with replacement):
+they assert eager's behaviour and fail until that branch is merged.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import eagerdecomp as ed
+from eagerdecomp.testing import RecordingMode
+from tests.conformance.harness import compare_outputs
+from tests.idioms import IDIOMS
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 0
+WHERE = ("mode", "edref")
+
+
+class Raised:
+    """An idiom that raised: compared by the exception's type."""
+
+    def __init__(self, e: BaseException):
+        self.type, self.text = type(e), f"{type(e).__name__}: {e}"
+
+    def __repr__(self):
+        return self.text
+
+
+def _plain(tree):
+    """CPU tensors (strides kept), numpy arrays as tensors, detached: what is compared."""
+
+    def leaf(x):
+        if isinstance(x, np.ndarray):
+            return torch.from_numpy(x.copy())
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu" and x.layout == torch.strided:
+            # the same view of a host copy of its storage: strides and offset as on the device
+            host = torch.empty(0, dtype=x.dtype)
+            return host.set_(x.untyped_storage().cpu(), x.storage_offset(), x.shape, x.stride())
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu")
+        if isinstance(x, torch.dtype | torch.device):
+            return str(x)
+        return x
+
+    return tree_map(leaf, tree)
+
+
+def run(name: str, where: str, dev=None):
+    """The idiom's result natively (``where="native"``), under the mode or on ``dev`` (switched on
+    by the caller), or :class:`Raised`."""
+    fn = IDIOMS[name].fn
+    torch.manual_seed(SEED)
+    if where == "mode":
+        with RecordingMode() as rec:
+            try:
+                with ed.EagerDecompMode("core_aten"):
+                    out = fn(torch.device("cpu"))
+            except Exception as e:  # noqa: BLE001 - compared with what eager does
+                return Raised(e)
+        rec.assert_only("core_aten")
+        return _plain(out)
+    try:
+        return _plain(fn(dev if where == "edref" else torch.device("cpu")))
+    except Exception as e:  # noqa: BLE001 - compared with what eager does
+        return Raised(e)
+
+
+@functools.cache
+def native(name: str):
+    return run(name, "native")
+
+
+def assert_like_native(name: str, got, want) -> None:
+    if isinstance(want, Raised) or isinstance(got, Raised):
+        assert isinstance(want, Raised) and isinstance(got, Raised) and got.type is want.type, (
+            f"{name}: eager gave {want!r}, the run gave {got!r}"
+        )
+        return
+    compare_outputs(want, got, (), (), values=False)  # structure, dtypes, shapes, strides
+    tol = IDIOMS[name].tol
+    numbers = lambda tree: [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor | float)]
+    others = lambda tree: [x for x in tree_flatten(tree)[0] if not isinstance(x, torch.Tensor | float)]
+    kw = {} if tol is None else {"rtol": tol[0], "atol": tol[1]}
+    torch.testing.assert_close(numbers(got), numbers(want), equal_nan=True, check_stride=False, **kw)
+    assert others(got) == others(want), f"{name}: text, flags and exceptions differ from eager's"
+
+
+def _params():
+    for name, idiom in IDIOMS.items():
+        for where in WHERE:
+            marks = [getattr(pytest.mark, idiom.needs[where])] if where in idiom.needs else []
+            yield pytest.param(name, where, marks=marks, id=f"{name}-{where}")
+
+
+@pytest.mark.parametrize(("name", "where"), list(_params()))
+def test_idiom_behaves_as_eager(name, where, request):
+    if IDIOMS[name].process:
+        return _in_fresh_process(name, where)
+    dev = request.getfixturevalue("switched_device") if where == "edref" else None
+    assert_like_native(name, run(name, where, dev), native(name))
+
+
+def _in_fresh_process(name: str, where: str) -> None:
+    # NOTE: DataLoader workers fork the process: a fresh one, whose only threads are its own
+    script = f"from tests.test_idioms import check; check({name!r}, {where!r})"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def check(name: str, where: str) -> None:
+    """One idiom against eager in this process (the entry point of a fresh process)."""
+    dev = None
+    if where == "edref":
+        from eagerdecomp.testing import reference_device
+
+        dev = reference_device()  # before any backward: the engine knows the devices it starts with
+    want = run(name, "native")
+    if dev is not None:
+        ed.enable(dev)
+    try:
+        got = run(name, where, dev)
+    finally:
+        if dev is not None:
+            ed.disable(dev)
+    assert_like_native(name, got, want)
