@@ -15,7 +15,6 @@ once), ``process`` runs it in a fresh process (DataLoader workers fork).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import math
@@ -33,7 +32,7 @@ __all__ = ["IDIOMS", "Idiom"]
 class Idiom:
     name: str
     fn: object
-    needs: dict  # where ("mode", "edref") -> marker name (needs_storage_ops, needs_rng_streams)
+    needs: dict  # where ("mode", "edref") -> marker names (needs_storage_ops, needs_rng_streams)
     tol: tuple | None  # (rtol, atol) for float values; None: assert_close's defaults per dtype
     process: bool
 
@@ -54,10 +53,10 @@ def idiom(needs=None, tol=None, process=False):
     return register
 
 
-STORAGE = {"mode": "needs_storage_ops"}  # set_ and friends: the storage branch (edref has set_)
-STORAGE_BOTH = {"mode": "needs_storage_ops", "edref": "needs_storage_ops"}  # packed, sparse, complex, fused
-RNG = {"mode": "needs_rng_streams"}  # random_ full range, dropout masks, multinomial draws
-RNG_BOTH = {"mode": "needs_rng_streams", "edref": "needs_rng_streams"}  # decomposed on edref too
+STORAGE = {"mode": ("needs_storage_ops",)}  # set_ and friends: the storage branch (edref has set_)
+STORAGE_BOTH = {"mode": ("needs_storage_ops",), "edref": ("needs_storage_ops",)}  # sparse, fused optimizers
+RNG = {"mode": ("needs_rng_streams",)}  # random_ full range, dropout masks, multinomial draws
+RNG_BOTH = {"mode": ("needs_rng_streams",), "edref": ("needs_rng_streams",)}  # decomposed on edref too
 
 
 # -- models and steps ------------------------------------------------------------------------
@@ -139,32 +138,32 @@ class NoisyDataset(torch.utils.data.Dataset):
         return self.x[i] + 0.1 * torch.randn(6), self.y[i], i
 
 
-def _load_and_train(dev, workers):
-    model = mlp().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    out = {}
-    for shuffle in (False, True):
-        loader = torch.utils.data.DataLoader(
-            NoisyDataset(),
-            batch_size=8,
-            shuffle=shuffle,
-            num_workers=workers,
-            generator=torch.Generator().manual_seed(1),
+def _loaders(workers):
+    # unshuffled; shuffled from the global seed (RandomSampler seeds a generator of its own with
+    # a random_ draw); shuffled from an explicit generator (the reproducibility guides' advice)
+    for shuffle, generator in ((False, None), (True, None), (True, torch.Generator().manual_seed(1))):
+        yield torch.utils.data.DataLoader(
+            NoisyDataset(), batch_size=8, shuffle=shuffle, num_workers=workers, generator=generator
         )
-        for epoch in range(2):
-            for b, (x, y, idx) in enumerate(loader):
-                out[f"{shuffle}/{epoch}/{b}"] = (idx, x, step(model, opt, x.to(dev), y.to(dev)))
-    return out, state(model)
 
 
 @idiom(needs=RNG, tol=TRAINING)
 def dataloader(dev):
-    return _load_and_train(dev, workers=0)
+    model = mlp().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = []
+    for loader in _loaders(workers=0):
+        for _epoch in range(2):
+            out.extend((idx, x, step(model, opt, x.to(dev), y.to(dev))) for x, y, idx in loader)
+    return out, state(model)
 
 
-@idiom(needs=RNG, tol=TRAINING, process=True)
+# (the parent rebuilds each batch from the worker's shared memory with set_: the storage branch)
+@idiom(needs={"mode": ("needs_rng_streams", "needs_storage_ops")}, process=True)
 def dataloader_workers(dev):
-    return _load_and_train(dev, workers=2)
+    # NOTE: no training here: what the workers add is their seeding and the fork itself (a
+    # worker inherits the parent's mode); the batches' use is dataloader's above
+    return [(idx, x, y, x.to(dev).square().sum(1)) for loader in _loaders(workers=2) for x, y, idx in loader]
 
 
 # -- packed sequences ----------------------------------------------------------------------------
@@ -611,9 +610,11 @@ def inference_and_no_grad(dev):
             p.mul_(0.9).add_(torch.ones_like(p), alpha=0.01)
             p.clamp_(-1, 1)
             versions.append(p._version - before)
-        model[0].weight[0].fill_(0.5)  # in-place through a view
+        before = model[0].weight._version
+        model[0].weight[0].fill_(0.5)  # in place through a view: the base's version counter moves
+        versions.append(model[0].weight._version - before)
     flags = [inf.is_inference(), inf.requires_grad, ng.requires_grad, all(p.requires_grad for p in model.parameters())]
-    return inf, ng, versions, flags, state(model), model[0].weight._version - 0 > 0
+    return inf, ng, versions, flags, state(model)
 
 
 # -- the loop itself: accumulation, schedules, zero_grad, optimizer state ------------------------
@@ -625,7 +626,7 @@ def gradient_accumulation(dev):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = data(dev, 32)
     out = []
-    for s in range(2):
+    for _s in range(2):
         for micro in range(4):
             sl = slice(8 * micro, 8 * micro + 8)
             (F.cross_entropy(model(x[sl]), y[sl]) / 4).backward()
@@ -782,7 +783,7 @@ def timm_loop(dev):
     x, y = torch.randn(6, 3, 6, 6).to(dev), torch.tensor([0, 1, 2, 3, 0, 1]).to(dev)
     mixed_y = F.one_hot(y, 4).float() * 0.7 + 0.3 * F.one_hot(y.flip(0), 4).float()  # mixup's soft targets
     logged = []
-    for epoch in range(2):
+    for _epoch in range(2):
         model.train()
         opt.zero_grad(set_to_none=True)
         out = model(x.flip(0) * 0.3 + x * 0.7)

@@ -17,9 +17,11 @@ they assert eager's behaviour and fail until that branch is merged.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -109,41 +111,52 @@ def assert_like_native(name: str, got, want) -> None:
 def _params():
     for name, idiom in IDIOMS.items():
         for where in WHERE:
-            marks = [getattr(pytest.mark, idiom.needs[where])] if where in idiom.needs else []
+            marks = [getattr(pytest.mark, needs) for needs in idiom.needs.get(where, ())]
+            if idiom.process:  # both runs from one process: on one xdist worker under --dist loadgroup
+                marks.append(pytest.mark.xdist_group(f"idioms-{name}"))
             yield pytest.param(name, where, marks=marks, id=f"{name}-{where}")
 
 
 @pytest.mark.parametrize(("name", "where"), list(_params()))
 def test_idiom_behaves_as_eager(name, where, request):
     if IDIOMS[name].process:
-        return _in_fresh_process(name, where)
+        failure = _in_fresh_process(name)[where]
+        assert failure is None, failure
+        return
     dev = request.getfixturevalue("switched_device") if where == "edref" else None
     assert_like_native(name, run(name, where, dev), native(name))
 
 
-def _in_fresh_process(name: str, where: str) -> None:
-    # NOTE: DataLoader workers fork the process: a fresh one, whose only threads are its own
-    script = f"from tests.test_idioms import check; check({name!r}, {where!r})"
+@functools.cache
+def _in_fresh_process(name: str) -> dict:
+    # NOTE: DataLoader workers fork the process, the mode with it: a fresh process has no
+    # threads but its own at the fork (pytest's have their locks)
+    script = f"from tests.test_idioms import check_all; check_all({name!r})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def check(name: str, where: str) -> None:
-    """One idiom against eager in this process (the entry point of a fresh process)."""
-    dev = None
-    if where == "edref":
-        from eagerdecomp.testing import reference_device
+def check_all(name: str) -> None:
+    """The entry point of a fresh process: the idiom natively, under the mode and on edref;
+    prints ``{where: None or why it differs}`` as its last line."""
+    from eagerdecomp.testing import reference_device
 
-        dev = reference_device()  # before any backward: the engine knows the devices it starts with
+    dev = reference_device()  # before any backward: the engine knows the devices it starts with
     want = run(name, "native")
-    if dev is not None:
-        ed.enable(dev)
-    try:
-        got = run(name, where, dev)
-    finally:
-        if dev is not None:
-            ed.disable(dev)
-    assert_like_native(name, got, want)
+    failures = {}
+    for where in WHERE:
+        if where == "edref":
+            ed.enable(dev)
+        try:
+            assert_like_native(name, run(name, where, dev), want)
+            failures[where] = None
+        except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+            failures[where] = traceback.format_exc()[-4000:]
+        finally:
+            if where == "edref":
+                ed.disable(dev)
+    print(json.dumps(failures))
