@@ -292,6 +292,19 @@ def checkpoint_save_load(dev):
 
 
 @idiom(needs=STORAGE)
+def shared_memory(dev):
+    # Hogwild and tensors handed to worker processes: shared memory is the host's, so the CPU's
+    model = mlp(norm=False)
+    model.share_memory()
+    t = torch.randn(4, 3)
+    view = t[1:]
+    t.share_memory_()
+    view.add_(1)  # the view follows its base into shared memory
+    flags = [p.is_shared() for p in model.parameters()] + [t.is_shared(), view.is_shared()]
+    return flags, view.data_ptr() - t.data_ptr(), t, model.to(dev)(t.to(dev)[:, :1].expand(4, 6))
+
+
+@idiom(needs=STORAGE)
 def pickled_tensors(dev):
     base = torch.randn(4, 5).to(dev)
     view = base[1:, ::2]
@@ -425,9 +438,23 @@ def hooks_and_clipping(dev):
             p.grad = g.clone()
         norm = nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type=norm_type, foreach=foreach)
         out[i] = norm, grads(model)
+    _adaptive_clip(model.parameters())
+    out["agc"] = grads(model)
     nn.utils.clip_grad_value_(model.parameters(), 0.01)
     out["value"] = grads(model)
     return out
+
+
+def _adaptive_clip(parameters, clip_factor=0.01, eps=1e-3):
+    # timm's adaptive gradient clipping (dispatch_clip_grad(mode="agc")): unit-wise norms
+    def unitwise_norm(x):
+        return x.norm() if x.ndim <= 1 else x.norm(2, dim=tuple(range(1, x.ndim)), keepdim=True)
+
+    for p in parameters:
+        max_norm = unitwise_norm(p.detach()).clamp_(min=eps).mul_(clip_factor)
+        grad_norm = unitwise_norm(p.grad.detach())
+        clipped = p.grad.detach() * (max_norm / grad_norm.clamp(min=1e-6))
+        p.grad.detach().copy_(torch.where(grad_norm < max_norm, p.grad.detach(), clipped))
 
 
 # -- parametrizations and init -------------------------------------------------------------------
