@@ -7,8 +7,8 @@ state, printed text, flags, the types of the exceptions eager raises. Tensors co
 are (the runner compares dtypes, shapes, strides and values); aliasing is returned as booleans
 computed inside the idiom, where both runs can answer it.
 
-``@idiom(...)`` registers one: ``needs`` names the merge it waits on (a pytest marker of
-tests/conftest.py), ``tol`` loosens the values' tolerance where several optimizer steps
+``@idiom(...)`` registers one: ``needs`` names the merge it waits on, per run (pytest markers
+registered in pyproject.toml), ``tol`` loosens the values' tolerance where several optimizer steps
 compound rounding (a decomposition rounds at each core op where eager's fused kernel rounds
 once), ``process`` runs it in a fresh process (DataLoader workers fork).
 """
@@ -41,7 +41,8 @@ IDIOMS: dict = {}
 
 # several optimizer steps: rounding differences compound (tests/test_training.py allows the same)
 TRAINING = (1e-4, 1e-5)
-# a step under bfloat16 autocast: the results (and the float32 parameters after it) carry its rounding
+# a step under bfloat16 autocast: the results (and the float32 parameters after it) carry its
+# rounding; on edref autocast casts by CUDA's op lists (csrc/refdev.cpp), not the CPU's
 BFLOAT16 = (1.6e-2, 1e-3)
 
 
