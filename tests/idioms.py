@@ -546,7 +546,9 @@ def integer_draws(dev):
 def generator_draws(dev):
     # an explicit generator: RandomSampler's shuffle (randperm), per-dataset augmentation
     g = torch.Generator().manual_seed(7)
-    return torch.randperm(10, generator=g), torch.randn(3, generator=g), torch.rand(2, 2, generator=g)
+    train, val = torch.utils.data.random_split(range(10), [0.7, 0.3], generator=torch.Generator().manual_seed(3))
+    draws = torch.randperm(10, generator=g), torch.randn(3, generator=g), torch.rand(2, 2, generator=g)
+    return draws, list(train), list(val)
 
 
 @idiom(needs=RNG_BOTH)
@@ -888,6 +890,60 @@ def lightning_manual_optimization(dev):
     with torch.set_grad_enabled(False):  # the validation loop
         val = torch.stack([disc(gen(z[i : i + 2])).mean() for i in range(0, 5, 2)]).mean()
     return logged, val, state(gen), state(disc), [p.grad is None for p in gen.parameters()]
+
+
+@idiom()
+def collate_and_padding(dev):
+    # a text collate function: variable-length sequences padded, masks, default_collate of dicts
+    seqs = [torch.randn(n, 4) for n in (5, 2, 3)]
+    padded = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=-1.0).to(dev)
+    left = nn.utils.rnn.pad_sequence([s.flip(0) for s in seqs], batch_first=True, padding_side="left").to(dev)
+    lengths = torch.tensor([len(s) for s in seqs]).to(dev)
+    mask = torch.arange(padded.shape[1]).to(dev)[None, :] < lengths[:, None]
+    batch = torch.utils.data.default_collate([{"x": s[0], "n": len(s), "tag": "a"} for s in seqs])
+    scores = (padded @ padded.transpose(1, 2)).masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
+    pooled = (padded * mask[..., None]).sum(1) / lengths[:, None]
+    return padded, left, mask, batch, scores, pooled
+
+
+@idiom()
+def losses(dev):
+    # distillation (timm, transformers), contrastive (CLIP-style), weighted BCE, each with its backward
+    student, teacher = torch.randn(6, 5).to(dev).requires_grad_(), torch.randn(6, 5).to(dev)
+    T = 2.0
+    kd = F.kl_div(F.log_softmax(student / T, -1), F.softmax(teacher / T, -1), reduction="batchmean") * T * T
+    img, txt = F.normalize(torch.randn(4, 8).to(dev), dim=-1), F.normalize(torch.randn(4, 8).to(dev), dim=-1)
+    logit_scale = torch.tensor(2.6593).to(dev).requires_grad_()
+    logits = logit_scale.exp() * img @ txt.t()
+    labels = torch.arange(4).to(dev)
+    clip = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+    targets = (torch.randn(6, 5) > 0).float().to(dev)
+    bce = F.binary_cross_entropy_with_logits(student, targets, pos_weight=torch.full((5,), 3.0).to(dev))
+    p = torch.sigmoid(student)
+    focal = (-(targets * (1 - p) ** 2 * torch.log(p) + (1 - targets) * p**2 * torch.log(1 - p))).mean()
+    smooth = F.smooth_l1_loss(student, teacher, beta=0.5) + F.huber_loss(student, teacher, delta=2.0)
+    total = kd + clip + bce + focal + smooth + F.cosine_embedding_loss(student, teacher, torch.ones(6).to(dev))
+    total.backward()
+    return [kd, clip, bce, focal, smooth, total], student.grad, logit_scale.grad
+
+
+@idiom(tol=TRAINING)
+def transformer_encoder(dev):
+    # a padded batch through nn.TransformerEncoder: trained, then evaluated on the inference fast
+    # path (NOTE: enable_nested_tensor=False, as docs/limits.md says: the nested path has none)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(dev)
+    # (SGD: the key bias's gradient is zero in exact arithmetic, which Adam's first step turns into +-lr)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 5, 8).to(dev)
+    pad = (torch.arange(5)[None, :] >= torch.tensor([5, 3, 4])[:, None]).to(dev)
+    loss = model(x, src_key_padding_mask=pad).masked_fill(pad[..., None], 0).square().mean()
+    loss.backward()
+    opt.step()
+    model.eval()
+    with torch.inference_mode():
+        out = model(x, src_key_padding_mask=pad)
+    return loss.detach(), out.masked_fill(pad[..., None], 0), state(model)
 
 
 # -- what eager refuses ---------------------------------------------------------------------------
