@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import eagerdecomp as ed
+
 __all__ = ["IDIOMS", "Idiom"]
 
 
@@ -35,6 +37,7 @@ class Idiom:
     needs: dict  # where ("mode", "edref") -> marker names (needs_storage_ops, needs_rng_streams)
     tol: tuple | None  # (rtol, atol) for float values; None: assert_close's defaults per dtype
     process: bool
+    limit: dict  # where -> the exception type of a limit docs/limits.md names (eager runs; this raises)
 
 
 IDIOMS: dict = {}
@@ -46,16 +49,16 @@ TRAINING = (1e-4, 1e-5)
 BFLOAT16 = (1.6e-2, 1e-3)
 
 
-def idiom(needs=None, tol=None, process=False):
+def idiom(needs=None, tol=None, process=False, limit=None):
     def register(fn):
-        IDIOMS[fn.__name__] = Idiom(fn.__name__, fn, dict(needs or {}), tol, process)
+        IDIOMS[fn.__name__] = Idiom(fn.__name__, fn, dict(needs or {}), tol, process, dict(limit or {}))
         return fn
 
     return register
 
 
 STORAGE = {"mode": ("needs_storage_ops",)}  # set_ and friends: the storage branch (edref has set_)
-STORAGE_BOTH = {"mode": ("needs_storage_ops",), "edref": ("needs_storage_ops",)}  # sparse, fused optimizers
+STORAGE_BOTH = {"mode": ("needs_storage_ops",), "edref": ("needs_storage_ops",)}  # fused optimizers
 RNG = {"mode": ("needs_rng_streams",)}  # random_ full range, dropout masks, multinomial draws
 RNG_BOTH = {"mode": ("needs_rng_streams",), "edref": ("needs_rng_streams",)}  # decomposed on edref too
 
@@ -530,16 +533,24 @@ def distributions(dev):
 
 @idiom(needs=RNG_BOTH)
 def integer_draws(dev):
-    # synthetic labels and token ids, random crops' offsets, Python-side seeds
+    # synthetic labels and token ids, random crops' offsets, seeds drawn in Python.
+    # NOTE: eager takes each element modulo the range from raw generator bits no core op shows, so
+    # its numbers are reproducible where the range divides 2**24 (docs/limits.md, "Random ops"):
+    # those are compared as values; other ranges by what a script relies on (dtype, shape, bounds)
+    # and by the generator's position after them (the next draws are eager's again)
     t = torch.empty(3, 4, dtype=torch.int32).to(dev)
-    return [
-        torch.randint(0, 3, (16,)).to(dev),
-        torch.randint(5, (2, 3), dtype=torch.int32).to(dev),
-        torch.randint_like(t, 0, 100),
-        t.random_(0, 10),
+    exact = [
+        torch.randint(0, 4, (16,)).to(dev),
+        torch.randint(8, (2, 3), dtype=torch.int32).to(dev),
+        torch.randint_like(t, 0, 64),
+        t.random_(0, 2),
         torch.empty(5, dtype=torch.uint8).to(dev).random_(),
-        torch.empty((), dtype=torch.int64).random_().item(),  # the DataLoader's seed draw
+        torch.empty(4, dtype=torch.bool).to(dev).random_(),
+        torch.empty((), dtype=torch.int64).random_().item() % 2**32,  # what seeds a sampler's generator
     ]
+    labels, ids = torch.randint(0, 3, (16,)).to(dev), torch.randint_like(t, 0, 100)
+    bounded = [(x.dtype, x.shape, bool(x.min() >= 0), bool(x.max() < high)) for x, high in ((labels, 3), (ids, 100))]
+    return exact, bounded, torch.rand(3).to(dev)
 
 
 @idiom(needs=RNG)
@@ -996,7 +1007,9 @@ def eager_errors(dev):
 # -- sparse gradients and complex filters ---------------------------------------------------------
 
 
-@idiom(needs=STORAGE_BOTH)
+# NOTE: a documented limit ("Sparse gradients and complex conjugates stay errors"): no preset has
+# sparse kernels, and on edref PyTorch itself refuses a sparse tensor (no Sparseedref kernel)
+@idiom(limit={"mode": ed.UnsupportedOpError, "edref": NotImplementedError})
 def sparse_embedding(dev):
     emb = nn.Embedding(10, 4, sparse=True).to(dev)
     opt = torch.optim.SparseAdam(emb.parameters(), lr=0.1)
@@ -1007,7 +1020,21 @@ def sparse_embedding(dev):
     return g.indices(), g.values(), emb.weight.detach()
 
 
-@idiom(needs=STORAGE)
+@idiom()
+def dense_embedding(dev):
+    # the way through the limit above: sparse=False (and with SGD, sparse=True's weights)
+    emb = nn.Embedding(10, 4, padding_idx=0).to(dev)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    ids = torch.tensor([[1, 2, 2], [7, 1, 0]]).to(dev)
+    emb(ids).square().sum().backward()
+    grad = emb.weight.grad.clone()
+    opt.step()
+    return grad, emb.weight.detach()
+
+
+# NOTE: a documented limit (as above): the gradient conjugates (_conj, a conjugate view core ATen
+# cannot express); edref has the complex views, and the filter runs there
+@idiom(limit={"mode": ed.UnsupportedOpError})
 def fft_filter(dev):
     x = torch.randn(2, 16).to(dev).requires_grad_()
     spec = torch.fft.rfft(x)

@@ -130,6 +130,12 @@ def test_idiom_behaves_as_eager(name, where, request):
         assert failure is None, failure
         return
     dev = request.getfixturevalue("switched_device") if where == "edref" else None
+    limit = IDIOMS[name].limit.get(where)
+    if limit is not None:  # a limit docs/limits.md names: eager runs, this run raises its clear error
+        got, want = run(name, where, dev), native(name)
+        assert not isinstance(want, Raised), want
+        assert isinstance(got, Raised) and issubclass(got.type, limit), f"{name}: expected {limit.__name__}, got {got}"
+        return
     assert_like_native(name, run(name, where, dev), native(name))
 
 
