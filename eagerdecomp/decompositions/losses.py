@@ -231,20 +231,39 @@ def ctc_loss_backward_tensor(
 
 # NOTE: nll_loss's kernel takes uint8 class indices as well as int64 ones; PyTorch's
 # decomposition gathers with the target, and gather takes int64 only. The same, widened.
-def _widened_target(op):
+# NOTE: eager's kernels check every target that is not ignore_index against the class count and
+# raise IndexError ("Target 7 is out of bounds.", a label bug in a training script); PyTorch's
+# decomposition gathers with the target, and gather's own check raises RuntimeError. Indexing an
+# arange of the classes with the target is the identity where eager's check passes and raises
+# IndexError where it fails (negative targets sent past the end first: index would wrap them), on
+# every call, without reading the target in Python.
+def _checked_target(target, n_classes: int, ignore_index: int):
+    kept = aten.ne.Scalar(target, ignore_index)
+    past_end = aten.full_like.default(target, n_classes)
+    checked = aten.where.self(aten.lt.Scalar(target, 0), past_end, target)
+    checked = aten.where.self(kept, checked, aten.zeros_like.default(target))
+    classes = aten.arange.default(n_classes, dtype=target.dtype, device=target.device)
+    return aten.where.self(kept, aten.index.Tensor(classes, [checked]), target)
+
+
+def _nll_decomposition(op):
     import torch._decomp
 
     inner = torch._decomp.decomposition_table[op]
+    at = 2 if op is aten.nll_loss_backward.default else 1  # (grad, self, target...) / (self, target...)
 
     def nll(*args, **kwargs):
         args = list(args)
-        at = 1 if op is aten.nll_loss_forward.default else 2  # (self, target...) / (grad, self, target...)
-        if args[at].dtype == torch.uint8:
+        if args[at].dtype == torch.uint8 and op is not aten.nll_loss2d_forward.default:
             args[at] = aten._to_copy.default(args[at], dtype=torch.int64)
+        if op is not aten.nll_loss_backward.default:  # (a backward follows a checked forward)
+            ignore_index = args[4] if len(args) > 4 else kwargs["ignore_index"]
+            n_classes = args[0].shape[1 if args[0].dim() > 1 else 0]
+            args[at] = _checked_target(args[at], n_classes, ignore_index)
         return inner(*args, **kwargs)
 
     return nll
 
 
-for _op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
-    project_decomposition(_op)(_widened_target(_op))
+for _op in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, aten.nll_loss_backward.default):
+    project_decomposition(_op)(_nll_decomposition(_op))

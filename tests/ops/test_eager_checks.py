@@ -291,6 +291,35 @@ def test_nll_loss_takes_uint8_targets_as_eager(switched_device):
         torch.testing.assert_close(got, native)
 
 
+def _cross_entropy_after_a_valid_call(x, t):
+    # the valid call traces the kernel; the one with a bad label replays it
+    torch.nn.functional.cross_entropy(x, torch.zeros_like(t))
+    return torch.nn.functional.cross_entropy(x, t)
+
+
+# a label out of range (a training script's classic bug): eager's kernels raise IndexError
+OUT_OF_RANGE = {
+    "past the last class": (torch.randn(4, 3), torch.tensor([0, 3, 1, 2])),
+    "negative": (torch.randn(4, 3), torch.tensor([0, -1, 1, 2])),
+    "negative, beside ignore_index": (torch.randn(4, 3), torch.tensor([-100, -2, 1, 2])),
+    "unbatched": (torch.randn(3), torch.tensor(5)),
+    "2d (nll_loss2d)": (torch.randn(2, 3, 2, 2), torch.tensor([[[0, 1], [2, 7]], [[0, 0], [-100, 1]]])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_a_label_out_of_range_raises_eagers_index_error(case, switched_device):
+    x, t = OUT_OF_RANGE[case]
+    for fn in (torch.nn.functional.cross_entropy, _cross_entropy_after_a_valid_call):
+        native, mode, dev = _run_everywhere(fn, x, t, device=switched_device)
+        assert native is IndexError and mode is IndexError and dev is IndexError
+    valid = torch.where(t == -100, t, t.clamp(0, 2))  # the same call with labels in range
+    native, mode, dev = _run_everywhere(_cross_entropy_after_a_valid_call, x, valid, device=switched_device)
+    for got in (mode, dev):  # (a mean reduction sums in its own order: values to rounding)
+        assert got.dtype == native.dtype and got.shape == native.shape
+        torch.testing.assert_close(got, native)
+
+
 @pytest.mark.parametrize("warn_only", [False, True])
 def test_nondeterminism_alerts_as_eager(warn_only, switched_device):
     import warnings
