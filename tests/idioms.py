@@ -7,8 +7,7 @@ state, printed text, flags, the types of the exceptions eager raises. Tensors co
 are (the runner compares dtypes, shapes, strides and values); aliasing is returned as booleans
 computed inside the idiom, where both runs can answer it.
 
-``@idiom(...)`` registers one: ``needs`` names the merge it waits on, per run (pytest markers
-registered in pyproject.toml), ``tol`` loosens the values' tolerance where several optimizer steps
+``@idiom(...)`` registers one: ``tol`` loosens the values' tolerance where several optimizer steps
 compound rounding (a decomposition rounds at each core op where eager's fused kernel rounds
 once), ``process`` runs it in a fresh process (DataLoader workers fork).
 """
@@ -34,7 +33,6 @@ __all__ = ["IDIOMS", "Idiom"]
 class Idiom:
     name: str
     fn: object
-    needs: dict  # where ("mode", "edref") -> marker names (needs_storage_ops, needs_rng_streams)
     tol: tuple | None  # (rtol, atol) for float values; None: assert_close's defaults per dtype
     process: bool
     limit: dict  # where -> the exception type of a limit docs/limits.md names (eager runs; this raises)
@@ -49,18 +47,12 @@ TRAINING = (1e-4, 1e-5)
 BFLOAT16 = (1.6e-2, 1e-3)
 
 
-def idiom(needs=None, tol=None, process=False, limit=None):
+def idiom(tol=None, process=False, limit=None):
     def register(fn):
-        IDIOMS[fn.__name__] = Idiom(fn.__name__, fn, dict(needs or {}), tol, process, dict(limit or {}))
+        IDIOMS[fn.__name__] = Idiom(fn.__name__, fn, tol, process, dict(limit or {}))
         return fn
 
     return register
-
-
-STORAGE = {"mode": ("needs_storage_ops",)}  # set_ and friends: the storage branch (edref has set_)
-STORAGE_BOTH = {"mode": ("needs_storage_ops",), "edref": ("needs_storage_ops",)}  # fused optimizers
-RNG = {"mode": ("needs_rng_streams",)}  # random_ full range, dropout masks, multinomial draws
-RNG_BOTH = {"mode": ("needs_rng_streams",), "edref": ("needs_rng_streams",)}  # decomposed on edref too
 
 
 # -- models and steps ------------------------------------------------------------------------
@@ -151,7 +143,7 @@ def _loaders(workers):
         )
 
 
-@idiom(needs=RNG, tol=TRAINING)
+@idiom(tol=TRAINING)
 def dataloader(dev):
     model = mlp().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -163,7 +155,7 @@ def dataloader(dev):
 
 
 # (the parent rebuilds each batch from the worker's shared memory with set_: the storage branch)
-@idiom(needs={"mode": ("needs_rng_streams", "needs_storage_ops")}, process=True)
+@idiom(process=True)
 def dataloader_workers(dev):
     # NOTE: no training here: what the workers add is their seeding and the fork itself (a
     # worker inherits the parent's mode); the batches' use is dataloader's above
@@ -173,7 +165,7 @@ def dataloader_workers(dev):
 # -- packed sequences ----------------------------------------------------------------------------
 
 
-@idiom(needs=STORAGE)
+@idiom()
 def packed_sequences(dev):
     lstm, head = nn.LSTM(5, 7, batch_first=True).to(dev), nn.Linear(7, 2).to(dev)
     x, lengths = torch.randn(3, 6, 5).to(dev), torch.tensor([6, 2, 4])
@@ -229,7 +221,7 @@ def _foreach_update(ema, model, decay=0.9):
         torch._foreach_lerp_([e for e, _ in pairs], [m for _, m in pairs], 1.0 - decay)
 
 
-@idiom(needs=STORAGE, tol=TRAINING)
+@idiom(tol=TRAINING)
 def ema_deepcopy(dev):
     model = SmallConv().to(dev)
     ema = copy.deepcopy(model)
@@ -254,7 +246,7 @@ def ema_updates(dev):
     return out
 
 
-@idiom(needs=STORAGE, tol=TRAINING)
+@idiom(tol=TRAINING)
 def swa_averaged_model(dev):
     model = mlp().to(dev)
     swa = torch.optim.swa_utils.AveragedModel(model)
@@ -274,7 +266,7 @@ def swa_averaged_model(dev):
 # -- checkpoints and pickling --------------------------------------------------------------------
 
 
-@idiom(needs=STORAGE, tol=TRAINING)
+@idiom(tol=TRAINING)
 def checkpoint_save_load(dev):
     model = SmallConv().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -295,7 +287,7 @@ def checkpoint_save_load(dev):
     return out
 
 
-@idiom(needs=STORAGE)
+@idiom()
 def shared_memory(dev):
     # Hogwild and tensors handed to worker processes: shared memory is the host's, so the CPU's
     model = mlp(norm=False)
@@ -308,7 +300,7 @@ def shared_memory(dev):
     return flags, view.data_ptr() - t.data_ptr(), t, model.to(dev)(t.to(dev)[:, :1].expand(4, 6))
 
 
-@idiom(needs=STORAGE)
+@idiom()
 def pickled_tensors(dev):
     base = torch.randn(4, 5).to(dev)
     view = base[1:, ::2]
@@ -341,7 +333,7 @@ def activation_checkpoint(dev):
     return _checkpointed(dev, dropout=0.0)
 
 
-@idiom(needs=RNG)
+@idiom()
 def activation_checkpoint_dropout(dev):
     return _checkpointed(dev, dropout=0.3)
 
@@ -464,7 +456,7 @@ def _adaptive_clip(parameters, clip_factor=0.01, eps=1e-3):
 # -- parametrizations and init -------------------------------------------------------------------
 
 
-@idiom(needs=STORAGE, tol=TRAINING)  # registering one rebinds the parameter: original.set_(new)
+@idiom(tol=TRAINING)  # registering one rebinds the parameter: original.set_(new)
 def parametrizations(dev):
     P = nn.utils.parametrizations
     layers = {
@@ -531,7 +523,7 @@ def distributions(dev):
     return z, lp.detach(), mu.grad, sigma.grad, cat.log_prob(labels), cat.entropy(), w, mvn.log_prob(w), bern.sample()
 
 
-@idiom(needs=RNG_BOTH)
+@idiom()
 def integer_draws(dev):
     # synthetic labels and token ids, random crops' offsets, seeds drawn in Python.
     # NOTE: eager takes each element modulo the range from raw generator bits no core op shows, so
@@ -553,7 +545,7 @@ def integer_draws(dev):
     return exact, bounded, torch.rand(3).to(dev)
 
 
-@idiom(needs=RNG)
+@idiom()
 def generator_draws(dev):
     # an explicit generator: RandomSampler's shuffle (randperm), per-dataset augmentation
     g = torch.Generator().manual_seed(7)
@@ -562,7 +554,7 @@ def generator_draws(dev):
     return draws, list(train), list(val)
 
 
-@idiom(needs=RNG_BOTH)
+@idiom()
 def categorical_sample(dev):
     cat = torch.distributions.Categorical(logits=torch.randn(4, 6).to(dev))
     return cat.sample((10,)), torch.multinomial(torch.rand(3, 5).to(dev), 8, replacement=True)
@@ -618,7 +610,7 @@ def dtype_and_memory_format(dev):
     x = torch.randn(2, 3, 5, 5).to(dev)
     conv = nn.Conv2d(3, 4, 3).to(dev)
     cl = x.contiguous(memory_format=torch.channels_last)
-    conv_cl = copy_module(conv).to(memory_format=torch.channels_last)
+    conv_cl = copy.deepcopy(conv).to(memory_format=torch.channels_last)
     y = conv_cl(cl.requires_grad_())
     y.sum().backward()
     moves = [x.to(torch.float64), x.half(), x.bfloat16(), x.to(torch.int32), x.double().float(), x.half().float()]
@@ -626,13 +618,6 @@ def dtype_and_memory_format(dev):
     flags = [cl.is_contiguous(), cl.is_contiguous(memory_format=torch.channels_last), y.is_contiguous()]
     flags += [y.is_contiguous(memory_format=torch.channels_last), x.to(torch.float32) is x, x.float() is x]
     return moves, cl, y, cl.grad, conv_cl.weight.grad, conv_cl.weight, flags, mlp().double().to(dev)[0].weight.dtype
-
-
-def copy_module(module):
-    # a module's copy without deepcopy (deepcopy needs set_: the storage branch)
-    fresh = type(module)(module.in_channels, module.out_channels, module.kernel_size).to(module.weight.device)
-    fresh.load_state_dict(module.state_dict())
-    return fresh
 
 
 @idiom()
@@ -767,7 +752,7 @@ def mixed_optimizers(dev):
     return losses, state(model), [s["momentum_buffer"] for s in sgd.state.values()]
 
 
-@idiom(needs=STORAGE_BOTH, tol=TRAINING)
+@idiom(tol=TRAINING)
 def fused_optimizers(dev):
     model = mlp().to(dev)
     opts = [torch.optim.AdamW(model[0].parameters(), lr=1e-2, fused=True)]
@@ -800,7 +785,7 @@ def seeded_step(dev):
     return first, all(torch.equal(a, b) for a, b in zip(first[1].values(), second[1].values()))
 
 
-@idiom(needs=RNG)
+@idiom()
 def seeded_step_dropout(dev):
     first, second = _seeded_step(dev, 0.5), _seeded_step(dev, 0.5)
     return first, all(torch.equal(a, b) for a, b in zip(first[1].values(), second[1].values()))

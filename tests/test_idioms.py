@@ -8,11 +8,7 @@ agree on structure, dtypes, shapes, significant strides (the conformance harness
 ``compare_outputs``), values to rounding, and the text and flags the idiom returns; where eager
 raises, the same exception type.
 
-Idioms that wait on another branch carry its marker, per run (``needs_storage_ops``: the ``set_``
-family, packed sequences, sparse gradients, complex views, fused optimizers; ``needs_rng_streams``:
-the full-range ``random_`` a DataLoader draws its seed with, draws from an explicit generator,
-eager's integer, dropout and ``multinomial`` streams): they assert eager's behaviour and fail until
-that branch is merged. An idiom with ``process=True`` (DataLoader workers) runs natively, under the
+An idiom with ``process=True`` (DataLoader workers) runs natively, under the
 mode and on edref in one fresh process, whose answer both of its tests read.
 """
 
@@ -115,7 +111,7 @@ def assert_like_native(name: str, got, want) -> None:
 def _params():
     for name, idiom in IDIOMS.items():
         for where in WHERE:
-            marks = [getattr(pytest.mark, needs) for needs in idiom.needs.get(where, ())]
+            marks = []
             if idiom.process:  # both runs from one process: on one xdist worker under --dist loadgroup
                 marks.append(pytest.mark.xdist_group(f"idioms-{name}"))
             yield pytest.param(name, where, marks=marks, id=f"{name}-{where}")

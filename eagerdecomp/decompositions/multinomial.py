@@ -98,7 +98,9 @@ def _cumulative(rows):
     cdf = aten.div.Tensor(sums, aten.slice.Tensor(sums, 1, n - 1, n))
     if n == 1:
         return aten.full_like.default(cdf, 1.0)
-    return aten.cat.default([aten.slice.Tensor(cdf, 1, 0, n - 1), aten.full.default([b, 1], 1.0, dtype=acc)], 1)
+    return aten.cat.default(
+        [aten.slice.Tensor(cdf, 1, 0, n - 1), aten.full.default([b, 1], 1.0, dtype=acc, device=rows.device)], 1
+    )
 
 
 def _inverse_cdf(self, n_sample, generator):
