@@ -15,6 +15,9 @@ multiply-adds that pointwise ops round twice):
   value where ``found_inf`` is 1 (``where``), so no call depends on the flag's value;
 - ``grad_scale`` divides the gradients, which are written back unscaled (the kernel does so);
 - fused SGD of float16/bfloat16 parameters is refused (see the NOTE in :func:`fused_sgd_`).
+
+The functional forms (``_fused_adam`` ..., which functionalization and ``torch.compile`` produce)
+run the in-place step on clones of the lists it writes, as their generated kernels do.
 """
 
 from __future__ import annotations
@@ -70,6 +73,18 @@ def _f64(value, device):
     if isinstance(value, torch.Tensor):
         return _as(value, torch.float64, device)
     return aten.scalar_tensor.default(value, dtype=torch.float64, device=device)
+
+
+def _in_memory_order(*tensors):
+    """The tensors of one step as the kernel sees them: ``numel`` elements from each one's data
+    pointer, paired by memory position (it never reads strides). Contiguous tensors as they are.
+
+    NOTE: optimizer states are made ``zeros_like`` their parameter, so layouts match and this is
+    the identity; a transposed parameter with contiguous states is stepped element by memory
+    position in eager, and here too (flat views, written in place)."""
+    if all(t is None or t.is_contiguous() for t in tensors):
+        return tensors
+    return tuple(t if t is None else aten.as_strided.default(t, [t.numel()], [1], t.storage_offset()) for t in tensors)
 
 
 def _one_minus(x):
@@ -131,7 +146,8 @@ def _adam(adamw: bool, kernel: str):
         constants = (beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale)
         for i, param in enumerate(params):
             max_sq = max_exp_avg_sqs[i] if amsgrad else None
-            _adam_step(param, grads[i], exp_avgs[i], exp_avg_sqs[i], max_sq, state_steps[i], lr, constants, skip, adamw)
+            group = _in_memory_order(param, grads[i], exp_avgs[i], exp_avg_sqs[i], max_sq)
+            _adam_step(*group, state_steps[i], lr, constants, skip, adamw)
 
     return fused_adam_
 
@@ -166,19 +182,36 @@ def fused_sgd_(
             )
     skip = _skip_flag(found_inf)
     for i, param in enumerate(params):
+        buf = momentum_buffer_list[i] if momentum != 0 else None
+        param, grad, buf = _in_memory_order(param, grads[i], buf)
         op = _opmath(param.dtype)
         neg_lr = _as(aten.neg.default(lr), op) if isinstance(lr, torch.Tensor) else -lr
         p = _as(param, op)
-        g = _unscaled_grad(grads[i], op, grad_scale, skip)
+        g = _unscaled_grad(grad, op, grad_scale, skip)
         if maximize:
             g = aten.neg.default(g)
         if weight_decay != 0:
             g = aten.add.Tensor(g, aten.mul.Tensor(p, weight_decay))
         if momentum != 0:
-            buf = momentum_buffer_list[i]
             new_buf = g
             if not is_first_step:
                 new_buf = aten.add.Tensor(aten.mul.Tensor(_as(buf, op), momentum), aten.mul.Tensor(g, 1 - dampening))
             _store(buf, new_buf, skip)
             g = aten.add.Tensor(g, aten.mul.Tensor(new_buf, momentum)) if nesterov else new_buf
         _store(param, aten.add.Tensor(p, aten.mul.Tensor(g, neg_lr)), skip)
+
+
+def _functional(inplace, n_written: int):
+    """The functional form of ``inplace``: its first ``n_written`` lists cloned, stepped, returned."""
+
+    def functional(*args, **kwargs):
+        lists = [[aten.clone.default(t) for t in ts] for ts in args[:n_written]]
+        inplace(*lists, *args[n_written:], **kwargs)
+        return tuple(lists)
+
+    return functional
+
+
+project_decomposition([aten._fused_adam.default, aten._fused_adam.tensor_lr])(_functional(fused_adam_, 5))
+project_decomposition([aten._fused_adamw.default, aten._fused_adamw.tensor_lr])(_functional(fused_adamw_, 5))
+project_decomposition([aten._fused_sgd.default, aten._fused_sgd.tensor_lr])(_functional(fused_sgd_, 3))

@@ -164,3 +164,64 @@ def test_fused_sgd_of_16_bit_floats_is_refused_not_miscomputed():
         q = torch.zeros(4, dtype=torch.bfloat16, requires_grad=True)
         q.grad = torch.ones_like(q)
         optim.SGD([q], lr=0.1, fused=True).step()
+
+
+FUNCTIONAL = {
+    "adam": (aten._fused_adam.default, dict(beta1=0.9, beta2=0.99, eps=1e-8, amsgrad=True, maximize=False)),
+    "adamw tensor lr": (
+        aten._fused_adamw.tensor_lr,
+        dict(beta1=0.9, beta2=0.99, eps=1e-8, amsgrad=False, maximize=True),
+    ),
+    "sgd": (
+        aten._fused_sgd.default,
+        dict(momentum=0.9, dampening=0.0, nesterov=False, maximize=False, is_first_step=False),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONAL))
+def test_functional_forms_step_clones_and_leave_their_inputs(name):
+    # (what functionalization and torch.compile produce from the in-place ops)
+    op, kwargs = FUNCTIONAL[name]
+    kwargs = dict(kwargs, weight_decay=0.1, lr=torch.tensor(0.01) if "tensor" in name else 0.01)
+
+    def args():
+        gen = torch.Generator().manual_seed(3)
+        lists = [[torch.randn(6, 5, generator=gen).t(), torch.randn(7, generator=gen)] for _ in range(3)]
+        if name == "sgd":
+            return lists
+        sqs = [[torch.rand(5, 6, generator=gen), torch.rand(7, generator=gen)] for _ in range(2)]
+        return lists + sqs[:1] + (sqs[1:] if kwargs["amsgrad"] else [[]]) + [[torch.tensor(2.0), torch.tensor(5.0)]]
+
+    mine, theirs = args(), args()
+    want = op(*theirs, **kwargs)
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = op(*mine, **kwargs)
+    rec.assert_only("core_aten")
+    assert [len(ts) for ts in got] == [len(ts) for ts in want]
+    assert_same([t for ts in got for t in ts], [t for ts in want for t in ts])
+    assert all(torch.equal(a, b) for x, y in zip(mine, theirs) for a, b in zip(x, y))  # inputs as eager left them
+
+
+@pytest.mark.parametrize("where", ["mode", "edref"])
+def test_layouts_that_differ_are_paired_by_memory_position_as_the_kernel_does(where, request):
+    # the kernel walks each tensor from its data pointer, strides unread: a transposed parameter
+    # with a contiguous momentum buffer is stepped element by memory position
+    kwargs = dict(weight_decay=0.1, momentum=0.9, lr=0.1, dampening=0.0, nesterov=False, maximize=False)
+    kwargs.update(is_first_step=False)
+    dev = request.getfixturevalue("switched_device") if where == "edref" else "cpu"
+
+    def lists(device):
+        gen = torch.Generator().manual_seed(4)
+        param, grad = torch.randn(6, 5, generator=gen).t(), torch.randn(6, 5, generator=gen).t()
+        return [[param.to(device)], [grad.to(device)], [torch.randn(5, 6, generator=gen).to(device)]]
+
+    want, got = lists("cpu"), lists(dev)
+    aten._fused_sgd_.default(*want, **kwargs)
+    if where == "mode":
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+            aten._fused_sgd_.default(*got, **kwargs)
+        rec.assert_only("core_aten")
+    else:
+        aten._fused_sgd_.default(*got, **kwargs)
+    assert_same([t for ts in got for t in ts], [t for ts in want for t in ts])
