@@ -77,6 +77,7 @@ FAMILY_MODULES = (
     "segments",
     "rnn",
     "packed",
+    "fused_optim",
     "fastpath",
 )
 

@@ -57,7 +57,7 @@ from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.observe import log, profiling, ranged
-from eagerdecomp.runtime.quiet import issue_once, quiet
+from eagerdecomp.runtime.quiet import issue_once, quiet, replay_once
 from eagerdecomp.runtime.replay import Kernel
 from eagerdecomp.runtime.stats import COMPILED, DISK, FAMILY, LIFTED, Route, Stats
 from eagerdecomp.runtime.symbolic import NotGeneric
@@ -201,7 +201,10 @@ class Runtime:
                 return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.member, len(lifted))
             elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
                 stats.record(func, Route.REPLAY, DISK, cache)
+                replay_once(func, args, kwargs)
             else:
+                if not made:  # (a trace fired eager's once-per-process warning itself)
+                    replay_once(func, args, kwargs)
                 if not made and self.compiler is not None:
                     compiled = self.compiler.lookup(key, entry, inputs, stats)
                     if compiled is not None:
@@ -250,6 +253,7 @@ class Runtime:
         kernel in :meth:`_from_family`): this catches a real kernel that returns another
         layout than its meta kernel said while tracing."""
         self.stats.record(func, Route.REPLAY, FAMILY, "miss")
+        replay_once(func, args, kwargs)
         out, installed = hits.MISS, None
         if self.hits is not None and self.compiler is None and not self.serves_device and not profiling():
             # NOTE: the key's program is installed first and runs this call in C++: a new exact

@@ -33,6 +33,7 @@ import weakref
 
 import torch
 
+from eagerdecomp.ops.checks import ONCE
 from eagerdecomp.ops.overlap import PARTIAL
 from eagerdecomp.runtime import library as _ext
 from eagerdecomp.runtime import program
@@ -252,7 +253,10 @@ def preload(runtime) -> int:
     n = 0
     for stack, name, words, lifted, positions, calls, outputs, n_slots in store.load_programs(_library()):
         try:
-            table.install_words(_op_from_name(name), stack, words, positions, calls, outputs, n_slots, Slot, lifted)
+            func = _op_from_name(name)
+            if func in ONCE:  # (an older process's program: these ops now ask eager's flag in Python)
+                continue
+            table.install_words(func, stack, words, positions, calls, outputs, n_slots, Slot, lifted)
             n += 1
         except Exception:  # noqa: BLE001 - an op or device this process lacks: that key is a miss
             continue

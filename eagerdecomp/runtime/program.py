@@ -45,6 +45,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from eagerdecomp.ops import overlap
+from eagerdecomp.ops.checks import ONCE
 from eagerdecomp.runtime import symbolic
 
 __all__ = ["Slot", "NoProgram", "plan_for", "sizes_at", "filled", "patches"]
@@ -192,6 +193,8 @@ def _plan(kernel, n_tensors: int, n_lifted: int) -> tuple:
     the graph walked once."""
     if kernel.warnings:
         raise NoProgram("it re-raises warnings on replay")
+    if kernel.op in ONCE:
+        raise NoProgram("eager's once-per-process warning is asked for on each call")
     spec = kernel.spec
     children = spec.children() if hasattr(spec, "children") else spec.children_specs  # torch < 2.12
     # a namedtuple (return_types) comes back as a plain tuple, as any dispatch mode's does

@@ -21,9 +21,9 @@ import threading
 import warnings
 
 from eagerdecomp.ops.attribution import warn_as_eager
-from eagerdecomp.ops.checks import ONCE_MESSAGES
+from eagerdecomp.ops.checks import ONCE, ONCE_MESSAGES, warn_once
 
-__all__ = ["quiet", "RESIZE_MESSAGE", "once", "issue_once"]
+__all__ = ["quiet", "RESIZE_MESSAGE", "once", "issue_once", "replay_once"]
 
 # NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
 # ours all contain it), of its deprecation of writing expanded tensors (overlap.py) and of its
@@ -32,7 +32,8 @@ __all__ = ["quiet", "RESIZE_MESSAGE", "once", "issue_once"]
 RESIZE_MESSAGE = "was resized since it had shape"
 _REPLAYED = (RESIZE_MESSAGE, "on expanded tensors is deprecated", "does not have a deterministic implementation")
 # NOTE: warnings eager raises once per process (TORCH_WARN_ONCE; eagerdecomp.ops.checks.ONCE fires
-# them with eager's own flag): raised for the call that fired one, never replayed.
+# them with eager's own flag): raised for the call that fired one, never recorded in a kernel; a
+# call a kernel serves asks eager's flag again (replay_once).
 _ONCE = ONCE_MESSAGES
 
 _tls = threading.local()
@@ -115,3 +116,18 @@ def issue_once(caught) -> list:
         else:
             kept.append(text)
     return kept
+
+
+def replay_once(func, args, kwargs) -> None:
+    """Eager's once-per-process warning for a call served without lowering (a replay, a kernel
+    from the disk cache or a shape family): eager's own flag decides, so the process's first such
+    call warns, native or not, and every call does under ``torch.set_warn_always(True)``.
+
+    NOTE: a kernel cannot record it (it fires once per process, not per call) and the lowering
+    that fires it runs only when a call is traced or decomposed eagerly, so a replayed call asks
+    the flag here, for the op called (as lowering does); ``runtime/program.py`` keeps these ops off
+    the C++ hit path, which would not ask."""
+    if func in ONCE:
+        with quiet() as caught:
+            warn_once(func, args, kwargs)
+        issue_once(caught)

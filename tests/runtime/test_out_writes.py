@@ -222,27 +222,32 @@ def test_resize_warning_is_eagers_at_the_callers_line(where, name):
         assert got == want
 
 
-def _run(code: str) -> str:
+def _run(code: str, **env_vars) -> str:
     env = dict(**__import__("os").environ, EAGERDECOMP_DISK="0")
+    env.update(env_vars)
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
 
 _SCATTER = """
-    import contextlib, warnings, torch, eagerdecomp as ed
+    import contextlib, sys, warnings, torch, eagerdecomp as ed
     from eagerdecomp.testing import reference_device
     where = {where!r}
     dev = reference_device() if where == "edref" else "cpu"
     if where == "edref":
         ed.enable(dev)
+    torch.set_warn_always({always!r})
     x, i, s = torch.zeros(3, 4).to(dev), torch.tensor([[0, 1, 2, 0]]).to(dev), torch.ones(1, 4).to(dev)
     mode = ed.EagerDecompMode("core_aten") if where == "mode" else contextlib.nullcontext()
     with warnings.catch_warnings(record=True) as w, mode:
         warnings.simplefilter("always")
-        for _ in range(2):
+        for _ in range(3):
             x.scatter_(0, i, s, reduce="add")  # (one line for every side: the line is compared too)
     print(repr([(c.category.__name__, str(c.message), c.lineno) for c in w]), x.sum().item())
+    if where == "mode":  # (how the mode served the calls: traced, or loaded from the disk cache)
+        row = mode.report().row(torch.ops.aten.scatter_.reduce)
+        print(row.traces, row.loaded, file=sys.stderr)
 """
 
 
@@ -252,6 +257,57 @@ def test_scatter_reduce_deprecation_is_raised_once_per_process_as_eager(where):
     # side runs in a fresh process, two calls each, so the second must be silent on both
     if where == "edref" and DEV is None:
         pytest.skip(f"reference device unavailable: {_NO_DEVICE}")
-    want = _run(_SCATTER.format(where="native"))
+    want = _run(_SCATTER.format(where="native", always=False))
     assert "is deprecated" in want
-    assert _run(_SCATTER.format(where=where)) == want
+    assert _run(_SCATTER.format(where=where, always=False)) == want
+
+
+def _run_both(code: str, **env_vars) -> tuple:
+    env = {**__import__("os").environ, **env_vars}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout, r.stderr.splitlines()[-1] if r.stderr else ""
+
+
+@pytest.mark.parametrize("always", [False, True])
+@pytest.mark.parametrize("where", WHERE)
+def test_scatter_reduce_deprecation_from_a_disk_cache_kernel_is_eagers(where, always, tmp_path):
+    # NOTE: a fresh process whose first call is served by a kernel an earlier process saved (no
+    # trace, so no lowering fires the warning): eager's flag is asked on each call, so it warns once
+    # per process, or on every call under torch.set_warn_always(True)
+    if where == "edref" and DEV is None:
+        pytest.skip(f"reference device unavailable: {_NO_DEVICE}")
+    disk = dict(EAGERDECOMP_CACHE_DIR=str(tmp_path), EAGERDECOMP_DISK_CACHE="1")
+    want = _run(_SCATTER.format(where="native", always=always))
+    assert want.count("is deprecated") == (3 if always else 1)
+    first, first_routes = _run_both(_SCATTER.format(where=where, always=always), **disk)
+    second, second_routes = _run_both(_SCATTER.format(where=where, always=always), **disk)
+    assert first == want and second == want
+    if where == "mode":
+        assert (first_routes, second_routes) == ("1 0", "0 1")  # traced, then loaded from the disk
+
+
+def test_scatter_reduce_deprecation_on_replays_under_warn_always():
+    # in process: eager's flag has fired already; with warn_always eager warns on every call,
+    # and so must the mode's replays of the traced kernel
+    x, i, s = torch.zeros(3, 4), torch.tensor([[0, 1, 2, 0]]), torch.ones(1, 4)
+
+    def calls(mode):
+        with warnings.catch_warnings(record=True) as w, mode:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                x.scatter_(0, i, s, reduce="multiply")
+        return [(c.category, str(c.message), c.lineno) for c in w]
+
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        want = calls(__import__("contextlib").nullcontext())
+        with ed.EagerDecompMode("core_aten") as mode:
+            got = calls(mode)
+        row = mode.report().row(torch.ops.aten.scatter_.reduce)
+    finally:
+        torch.set_warn_always(before)
+    assert len(want) == 3 and "is deprecated" in want[0][1]
+    assert got == want
+    assert (row.traces, row.hits) == (1, 2)
