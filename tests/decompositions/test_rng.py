@@ -36,12 +36,12 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.decompositions.registry import PROJECT, register_decomposition
 from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import overloads
 from eagerdecomp.testing import RecordingMode
 from tests.distributions import as_units, matches_cdf, moments_match, same_distribution
+from tests.mutate import NORMAL_OPS, plant_normal_defect
 
 aten = torch.ops.aten
 
@@ -240,7 +240,7 @@ CASES["normal(Tensor, float)"] = Case(
     opsets=("core_aten", "prims"),
 )
 CASES["normal(Tensor, float, out=)"] = Case(
-    lambda: torch.normal(torch.full((N,), 1.5), 2.0, out=_empty(n=0)),
+    lambda: torch.normal(torch.full((N,), 1.5), 2.0, out=_empty()),
     ("aten.normal.Tensor_float_out",),
     FINITE,
     **NORMAL,
@@ -988,33 +988,9 @@ def test_random_op_draws_eagers_numbers_or_eagers_distribution(name, opset):
 
 # -- the planted defect of issue 50 --------------------------------------------------------------------
 
-NORMAL_OPS = {
-    aten.normal_.default: lambda f: lambda self, mean=0.0, std=1.0, **kw: f(self, mean + 1, std * 2, **kw),
-    aten.normal.Tensor_float: lambda f: lambda mean, std=1.0, **kw: f(mean + 1, std * 2, **kw),
-    aten.normal.float_Tensor: lambda f: lambda mean, std, **kw: f(mean + 1, std * 2, **kw),
-    aten.normal.Tensor_Tensor: lambda f: lambda mean, std, **kw: f(mean + 1, std * 2, **kw),
-    aten.normal.float_float: lambda f: lambda mean, std, size, **kw: f(mean + 1, std * 2, size, **kw),
-}
-
-
-def plant_normal_defect():
-    """Register ``normal`` decompositions with the mean + 1 and the standard deviation x 2, the
-    way the real ones are registered (the project's table); returns the undo."""
-    default_table(OpSet.preset("core_aten"))  # the family modules registered first
-    saved = {op: PROJECT[op] for op in NORMAL_OPS}
-    for op, wrong in NORMAL_OPS.items():
-        register_decomposition(op, override=True, _registry=PROJECT)(wrong(saved[op]))
-
-    def undo():
-        for op, fn in saved.items():
-            register_decomposition(op, override=True, _registry=PROJECT)(fn)
-
-    return undo
-
 
 def test_a_planted_normal_defect_fails_the_distribution_checks():
-    planted = {str(op) for op in NORMAL_OPS}
-    names = [n for n, case in CASES.items() if planted & set(case.ops)]
+    names = [n for n, case in CASES.items() if set(NORMAL_OPS) & set(case.ops)]
     assert len(names) >= 10, names
     undo = plant_normal_defect()
     try:
