@@ -9,7 +9,7 @@ JOBS ?= auto
 # conformance-edref: samples per OpInfo and dtype (0: every one)
 SAMPLES ?= 0
 
-.PHONY: demo test check heavy lint format docs wheel coverage-graph parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress memcheck bench report corpus install clean
+.PHONY: demo test check heavy mutate lint format docs wheel coverage-graph parity conformance conformance-merge conformance-resume conformance-compiled conformance-edref models zoo devsuites stress memcheck bench report corpus install clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: install
 # the parametrizations make test leaves out (tests/conftest.py HEAVY)
 heavy: install
 	$(PY) -m pytest -n $(TEST_JOBS) -m heavy $(PYTEST_ARGS)
+
+# the mutation check: plants representative defects one at a time (a wrong constant, a dropped
+# stride, a swapped random parameter, an ignored decompositions=, issue 50's normal) and prints
+# which tests caught each; fails if one is caught by none (tests/mutate.py; minutes; make heavy runs it too)
+mutate: install
+	$(PY) -m tests.mutate $(MUTANTS)
 
 # the edit-test loop: the front door, the runtime, the op facts, the decomposition tables and the
 # pointwise family (no model zoo, no browser, no conformance); a few minutes on 2 cores

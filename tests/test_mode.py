@@ -142,3 +142,36 @@ def test_report_text_lists_routes():
         F.silu(torch.randn(3)) * 2
     text = str(m.report())
     assert "aten.silu.default" in text and "decomposed" in text and "passthrough" in text
+
+
+def test_the_modes_decompositions_are_used_over_every_registered_one():
+    # hardswish through maximum/minimum: ops neither torch's nor the registered decomposition
+    # calls, so the witness tells whose decomposition ran; the value is eager's either way
+    from eagerdecomp.decompositions.registry import USER
+
+    ran = []
+
+    def by_the_mode(x):
+        ran.append("mode")
+        return x * torch.minimum(torch.maximum(x + 3, torch.zeros_like(x)), torch.full_like(x, 6.0)) / 6
+
+    def registered(x):
+        ran.append("registered")
+        return x * torch.clamp(x + 3, 0, 6) / 6
+
+    x = torch.linspace(-5, 5, 41)
+    want = F.hardswish(x)
+    try:
+        ed.register_decomposition(aten.hardswish.default, override=True)(registered)
+        mode = ed.EagerDecompMode("core_aten", decompositions={aten.hardswish.default: by_the_mode})
+        with RecordingMode() as rec, mode:
+            got = F.hardswish(x)
+    finally:
+        USER.pop(aten.hardswish.default, None)
+        # a registration elsewhere moves the table's version on: no later runtime reuses kernels
+        # traced while this one was registered
+        ed.register_decomposition(aten.hardswish.default, _registry={})(registered)
+    rec.assert_only("core_aten")
+    assert ran == ["mode"], ran
+    assert {aten.maximum.default, aten.minimum.default} <= set(rec.ops)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -275,6 +275,7 @@ _META_STRICTER = {
     aten._grouped_mm.default: "its meta kernel requires CUDA's bf16 inputs; the CPU kernel takes float32",
     aten.histc.default: "its meta kernel rejects integers as the CPU kernel does; eagerdecomp bins them as CUDA",
     aten.histc.out: "as histc",
+    aten.normal.out: "its meta kernel is torch's ref `normal`, which reads this overload's self as the mean and raises",
 }
 
 

@@ -27,6 +27,7 @@ Classes (:data:`CLASSES`):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -40,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import eagerdecomp as ed
 from eagerdecomp.errors import UnsupportedOpError
 from eagerdecomp.testing import RecordingMode
+from tests.distributions import ALPHA, same_distribution
 
 __all__ = ["CLASSES", "Outcome", "run_sample", "VARIANTS", "SampleTimeout"]
 
@@ -462,12 +464,60 @@ def _float64_run(fn, sample_args, make_out):
         return None, None
 
 
+# a random sample whose stream differs is drawn this many times on each side (more calls for
+# fewer values per call), for the distribution check
+RANDOM_VALUES, RANDOM_CALLS = 20_000, (100, 400)
+
+
+@contextlib.contextmanager
+def _seeds_per_call(first: int):
+    """``torch.manual_seed`` seeds ``first``, ``first + 1``, ... whatever it is asked: the
+    OpInfos of random ops reseed every call (``wrapper_set_seed``), which would draw one value
+    over and over. Yields the function that starts the next call's stream."""
+    real, seeds = torch.manual_seed, itertools.count(first)
+    torch.manual_seed = lambda _seed: real(next(seeds))
+    try:
+        yield lambda: torch.manual_seed(None)
+    finally:
+        torch.manual_seed = real
+
+
+def _random_draws(fn, sample_args, seed, calls, under_mode) -> list:
+    """``calls`` independent draws of the sample (fresh copies of its arguments, each call from
+    seeds of its own: ``seed * 1_000_003 + i``): per output tensor, ``[calls, numel]`` values."""
+    copies = [copy_args(sample_args) for _ in range(calls)]  # outside the mode: not the op under test
+    outs = []
+    with _seeds_per_call(seed * 1_000_003) as reseed, _mode() if under_mode else contextlib.nullcontext():
+        for args in copies:
+            reseed()
+            outs.append(_tensors(_call(fn, args)))
+    return [torch.stack([t.detach().reshape(-1) for t in column]) for column in zip(*outs)]
+
+
+def _distribution(fn, sample_args, native) -> str | None:
+    """Eager's distribution, per output, from repeated calls on both sides (another seed each):
+    the sign-flip test of :func:`tests.distributions.same_distribution`, its false alarms at most
+    ``ALPHA`` for the sample (shared among its outputs)."""
+    numel = sum(t.numel() for t in _tensors(native))
+    if numel == 0:
+        return None
+    low, high = RANDOM_CALLS
+    calls = min(high, max(low, math.ceil(RANDOM_VALUES / numel)))
+    eager = _random_draws(fn, sample_args, SEED + 1, calls, under_mode=False)
+    ours = _random_draws(fn, sample_args, SEED + 2, calls, under_mode=True)
+    for i, (e, o) in enumerate(zip(eager, ours)):
+        problem = same_distribution(e, o, alpha=ALPHA / len(eager))
+        if problem:
+            return f"random op, output {i} over {calls} calls: {problem}"
+    return None
+
+
 def _check_random(fn, sample_args, variant, native, got, nat_in, got_in, mode) -> Outcome:
     """A random op's numbers may come from another stream: check everything else.
 
     Same structure, dtypes, shapes, strides and aliasing; fresh numbers on each
     call wherever the native op gives fresh numbers; the same numbers after the
-    same ``torch.manual_seed``.
+    same ``torch.manual_seed``; and eager's distribution (:func:`_distribution`).
     """
     try:
         compare_outputs(native, got, nat_in, got_in, values=False)
@@ -478,7 +528,7 @@ def _check_random(fn, sample_args, variant, native, got, nat_in, got_in, mode) -
         args = copy_args(sample_args)
         if seed is not None:
             torch.manual_seed(seed)
-        with ed.EagerDecompMode(OPSET):
+        with _mode():
             return _tensors(_call(fn, args))
 
     def native_draw():
@@ -495,10 +545,17 @@ def _check_random(fn, sample_args, variant, native, got, nat_in, got_in, mode) -
             return Outcome(
                 "wrong", variant, "random op: the same numbers on two calls (eager draws fresh ones)", random=True
             )
+        problem = _distribution(fn, sample_args, native)
     except Exception as e:  # noqa: BLE001
         return _classify_exception(e, variant)
+    if problem:
+        return Outcome("wrong", variant, problem, random=True, stream_differs=True)
     return _passed(
-        mode, variant, random=True, stream_differs=True, detail="random stream differs from the native kernel"
+        mode,
+        variant,
+        random=True,
+        stream_differs=True,
+        detail="random stream differs from the native kernel; eager's distribution",
     )
 
 
