@@ -151,11 +151,12 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         plan = program.plan_for(kernel, len(tensors), n_lifted)
         sizes = program.sizes_at(plan, tensors, ints)
         lazy = (func, _positions(runtime._lift.get(func, ())), plan, sizes, n_lifted)
-        if call is None and not runtime.serves_device and plan[0] and plan[5]:
+        via_cxx = runtime.via_cxx()
+        if call is None and not via_cxx and plan[0] and plan[5]:
             words = _install_patched(runtime, func, args, kwargs, lazy, kernel, len(tensors))
         else:
             made = _program(*lazy, call)
-            if runtime.serves_device:
+            if via_cxx:
                 runtime._tls.offer = made  # installed (and saved, see saver) by the C++ fallback
                 return None
             words = runtime.hits.install(func, args, kwargs, *made[1:6], call)
