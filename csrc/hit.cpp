@@ -1149,6 +1149,7 @@ class Fallback final : public c10::OperatorKernel {
           out = run(*p, std::move(c.inputs));
         }
         torch::jit::drop(*stack, n);
+        if (fresh_result(schema)) out[0] = fresh(out[0].toTensor());  // (a prim's Python kernel made it)
         push_outputs(schema, *p, std::move(out), stack);
         return;
       }
@@ -1166,6 +1167,23 @@ class Fallback final : public c10::OperatorKernel {
       return;
     }
     for (auto& v : out) stack->push_back(std::move(v));
+  }
+
+  // NOTE: PyTorch calls detach (Tensor._make_subclass, so nn.Parameter()) and alias
+  // (Tensor.as_subclass) where it has stashed the Python mode stack, to get a tensor with no
+  // Python object yet; no Python mode sees those calls, the mode's key does. A miss answers them
+  // from Python, whose result already owns a Python object ("raw Tensor object is already
+  // associated"): the caller gets a fresh TensorImpl over the same storage and metadata instead,
+  // as their own kernels return (views: never one of the inputs). So does a hit: its program's
+  // view op may be a prim whose kernel is Python's (prims.view_of).
+  static bool fresh_result(const c10::FunctionSchema& schema) {
+    static const c10::FunctionSchema* detach = &find_op("aten::detach", "").schema();
+    static const c10::FunctionSchema* alias = &find_op("aten::alias", "").schema();
+    return &schema == detach || &schema == alias;
+  }
+  static at::Tensor fresh(const at::Tensor& t) {
+    auto* impl = t.unsafeGetTensorImpl();
+    return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
   }
 
   // `before`: the call's key read before the call (an out= it resizes changes its arguments)
@@ -1190,6 +1208,7 @@ class Fallback final : public c10::OperatorKernel {
     const auto& returns = schema.returns();
     if (returns.size() == 1) {
       stack->push_back(torch::jit::toIValue(out, returns[0].type()));
+      if (fresh_result(schema)) stack->back() = fresh(stack->back().toTensor());
     } else if (!returns.empty()) {
       py::tuple outs = out.cast<py::tuple>();
       for (size_t i = 0; i < returns.size(); ++i) stack->push_back(torch::jit::toIValue(outs[i], returns[i].type()));

@@ -35,6 +35,30 @@ bool unserved(const c10::IValue& v) {
   return false;
 }
 
+// What the tensors of one argument are: Python-key (fake, subclass), meta, or others that
+// fix the call's device (a 0-dim CPU tensor does not: eager lets it mix with any device).
+struct Kinds {
+  bool python = false, meta = false, other = false;
+};
+
+void kinds_of(const c10::IValue& v, Kinds& k) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return;
+    if (t.key_set().has(c10::DispatchKey::Python)) {
+      k.python = true;
+    } else if (t.is_meta()) {
+      k.meta = true;
+    } else if (!(t.is_cpu() && t.dim() == 0)) {
+      k.other = true;
+    }
+    return;
+  }
+  if (v.isTensorList() || v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) kinds_of(e, k);
+  }
+}
+
 bool has_tensor(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
   const size_t n = op.schema().arguments().size();
   for (size_t i = stack->size() - n; i < stack->size(); ++i) {
@@ -53,36 +77,21 @@ bool passes_tls() {
   return tls.excluded_.has(c10::DispatchKey::Python) || tls.included_.has_backend(c10::BackendComponent::MetaBit);
 }
 
-// aten::detach on a plain tensor: run as aten::alias (a core op; what its decomposition gives).
-// NOTE: PyTorch calls detach where it has stashed the Python mode stack (Tensor._make_subclass,
-// so nn.Parameter()), which no Python mode sees and this key does. Answered from Python on a miss,
-// the result would already own a Python object, and _make_subclass refuses such a tensor ("raw
-// Tensor object is already associated"): alias, called here, returns a fresh one.
-bool is_detach(const c10::OperatorHandle& op) {
-  static const c10::FunctionSchema* detach =
-      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::detach", "").schema();
-  return &op.schema() == detach;
-}
-
 }  // namespace
 
 bool passes_by(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
-  if (is_detach(op)) return true;  // (pass_below runs it as alias, unless it is fake or meta)
   if (passes_tls()) return true;
+  Kinds k;
   const size_t n = op.schema().arguments().size();
-  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
-    if (unserved((*stack)[i])) return true;
-  }
-  return false;
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) kinds_of((*stack)[i], k);
+  // NOTE: meta tensors mixed with tensors on a device are not shape machinery but a call eager
+  // refuses: it goes on to the runtime, which raises DeviceMismatchError before any kernel runs,
+  // as the Python path does (one error contract on both paths)
+  return k.python || (k.meta && !k.other);
 }
 
 void pass_below(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKeySet(kKey)};
-  if (is_detach(op) && !unserved(stack->back()) && !passes_tls()) {
-    at::Tensor self = stack->back().toTensor();
-    stack->back() = at::_ops::alias::call(self);
-    return;
-  }
   if (c10::impl::tls_is_dispatch_key_included(kWitnessKey) && !has_tensor(op, stack)) {
     // NOTE: the witness's blind spot: BackendSelect sends a factory call with no tensor argument
     // straight to the backend, past the witness's key, and the kernel's own calls (randn's

@@ -284,3 +284,44 @@ def test_a_taken_slot_warns_and_keeps_the_python_path():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Python: its dispatch key is taken" in out.stdout
     assert "a fallback is registered" in out.stdout
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@needs_key
+@pytest.mark.parametrize("opset", ["core_aten", "prims"])
+def test_fresh_tensors_where_pytorch_stashes_the_python_modes(opset):
+    # NOTE: nn.Parameter (Tensor._make_subclass: detach) and as_subclass (alias) call their op
+    # where no Python mode sees it and the key does: each still gets a tensor with no Python
+    # object, and only opset ops reach the kernels (under prims, neither detach nor alias is one)
+    x = torch.randn(3)
+    for _ in range(2):  # a miss (answered in Python), then a C++ hit
+        with KernelWitness() as seen, ed.EagerDecompMode(opset) as mode:
+            p = torch.nn.Parameter(x)
+            s = x.as_subclass(_Sub)
+            d = x.detach()
+        assert mode.path == CXX
+        assert type(p) is torch.nn.Parameter and type(s) is _Sub and p.requires_grad
+        for t in (p, s, d):  # views of x, as eager's: same storage and layout
+            assert t.data_ptr() == x.data_ptr() and (t.shape, t.stride()) == (x.shape, x.stride())
+        assert d._version == x._version and not d.requires_grad
+        d.add_(0)  # shares x's version counter, as eager's detach
+        assert x._version == d._version
+        seen.assert_only(opset)
+    assert mode.report().row(aten.detach.default).cpp_hits >= 1
+
+
+@needs_key
+def test_meta_mixed_with_a_device_is_refused_before_any_kernel_runs():
+    a, m, two = torch.randn(3), torch.randn(3, device="meta"), torch.tensor(2.0)
+    with KernelWitness() as seen, ed.EagerDecompMode("core_aten") as mode:
+        with pytest.raises(ed.DeviceMismatchError, match=r"aten.addcmul.default: .*cpu.*meta"):
+            torch.addcmul(a, m, a)
+    assert mode.path == CXX
+    assert not seen.ops  # the refused call reached no kernel
+    with ed.EagerDecompMode("core_aten") as mode:
+        y = torch.addcmul(m, m, m, value=0.5) + two  # meta alone, and a 0-dim CPU tensor mixes as in eager
+    assert mode.path == CXX
+    assert y.device.type == "meta" and y.shape == (3,)

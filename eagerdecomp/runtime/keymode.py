@@ -139,6 +139,11 @@ def state_for(runtime):
 
 def enter(runtime):
     """Put the mode's key on in this thread; returns the token :func:`leave` takes."""
+    if not runtime.cache.programs_read:
+        # NOTE: the programs earlier processes wrote go in before the first call: on this path a
+        # miss is answered in Python, past the table (the Python path reads them at its first
+        # miss and asks the table again; here the C++ kernel asked it already)
+        hits.preload(runtime)
     token = _ext.load().hit.enter(state_for(runtime))
     _entries["C++ key"] += 1
     return token
