@@ -241,15 +241,16 @@ class Runtime:
         error = UnsupportedOpError(func, entry.chain, entry.reason)
         return self.unsupported(func, args, kwargs, error, cache, keyed=True)
 
-    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
+    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=True):
         """Install this key's C++ program; under compile=, once the compiler's verdict is in
-        (until then its calls must come back here to be counted), with its compiled code."""
+        (until then its calls must come back here to be counted), with its compiled code.
+        ``persist=False``: not written to disk (a proved family's new key)."""
         call = None
         if self.compiler is not None:
             call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
             if call is PENDING:
                 return
-        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
+        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call, persist)
 
     def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, member, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
@@ -278,8 +279,8 @@ class Runtime:
             if installed is not None:
                 if keep:
                     hits.persist(self, installed)
-            elif self.hits is not None:
-                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
+            elif self.hits is not None:  # (a C++ fallback asked: it installs the program, written only if kept)
+                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=keep)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
