@@ -39,6 +39,7 @@
 #include <pybind11/stl.h>
 
 #include "host.h"
+#include "mode.h"
 
 #include <algorithm>
 #include <atomic>
@@ -1148,6 +1149,7 @@ class Fallback final : public c10::OperatorKernel {
           out = run(*p, std::move(c.inputs));
         }
         torch::jit::drop(*stack, n);
+        if (fresh_result(schema)) out[0] = fresh(out[0].toTensor());  // (a prim's Python kernel made it)
         push_outputs(schema, *p, std::move(out), stack);
         return;
       }
@@ -1165,6 +1167,23 @@ class Fallback final : public c10::OperatorKernel {
       return;
     }
     for (auto& v : out) stack->push_back(std::move(v));
+  }
+
+  // NOTE: PyTorch calls detach (Tensor._make_subclass, so nn.Parameter()) and alias
+  // (Tensor.as_subclass) where it has stashed the Python mode stack, to get a tensor with no
+  // Python object yet; no Python mode sees those calls, the mode's key does. A miss answers them
+  // from Python, whose result already owns a Python object ("raw Tensor object is already
+  // associated"): the caller gets a fresh TensorImpl over the same storage and metadata instead,
+  // as their own kernels return (views: never one of the inputs). So does a hit: its program's
+  // view op may be a prim whose kernel is Python's (prims.view_of).
+  static bool fresh_result(const c10::FunctionSchema& schema) {
+    static const c10::FunctionSchema* detach = &find_op("aten::detach", "").schema();
+    static const c10::FunctionSchema* alias = &find_op("aten::alias", "").schema();
+    return &schema == detach || &schema == alias;
+  }
+  static at::Tensor fresh(const at::Tensor& t) {
+    auto* impl = t.unsafeGetTensorImpl();
+    return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
   }
 
   // `before`: the call's key read before the call (an out= it resizes changes its arguments)
@@ -1189,6 +1208,7 @@ class Fallback final : public c10::OperatorKernel {
     const auto& returns = schema.returns();
     if (returns.size() == 1) {
       stack->push_back(torch::jit::toIValue(out, returns[0].type()));
+      if (fresh_result(schema)) stack->back() = fresh(stack->back().toTensor());
     } else if (!returns.empty()) {
       py::tuple outs = out.cast<py::tuple>();
       for (size_t i = 0; i < returns.size(); ++i) stack->push_back(torch::jit::toIValue(outs[i], returns[i].type()));
@@ -1282,6 +1302,87 @@ class Registration {
   std::unique_ptr<torch::Library> fallback_, ops_;
 };
 
+// ---- the mode on a dispatch key (csrc/mode.cpp) --------------------------------------
+
+// One EagerDecompMode's C++ side: its opset (each op's pass-through count) and the Fallback
+// that serves everything else from its runtime's table, handing misses to its Python handler.
+// Entered, it rides in the thread's debug info (mode::enter), where the key's kernel finds it.
+class ModeState final : public c10::DebugInfoBase {
+ public:
+  ModeState(std::shared_ptr<Table> table, std::shared_ptr<Counts> counts, py::object handler, py::object on_install,
+            int64_t host, py::list opset)
+      : fallback_(std::move(table), std::move(counts), std::move(handler), std::move(on_install), host),
+        passed_(py::len(opset)) {
+    auto& d = c10::Dispatcher::singleton();
+    size_t i = 0;
+    for (py::handle op : opset) {
+      py::object schema = op.attr("_schema");
+      auto h = d.findOp(c10::OperatorName(schema.attr("name").cast<std::string>(),
+                                          schema.attr("overload_name").cast<std::string>()));
+      ops_.push_back(py::reinterpret_borrow<py::object>(op));
+      if (h) index_.emplace(&h->schema(), i);
+      ++i;
+    }
+  }
+  ~ModeState() override {
+    if (!python_alive()) {
+      for (auto& o : ops_) o.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    ops_.clear();
+  }
+
+  // This opset op's pass-through counter, or null for an op outside the opset.
+  std::atomic<int64_t>* passed(const c10::FunctionSchema* s) {
+    auto it = index_.find(s);
+    return it == index_.end() ? nullptr : &passed_[it->second];
+  }
+  py::list passed_counts() {
+    py::list out;
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const int64_t n = passed_[i].load(std::memory_order_relaxed);
+      if (n) out.append(py::make_tuple(ops_[i], n));
+    }
+    return out;
+  }
+  void clear_passed() {
+    for (auto& n : passed_) n.store(0, std::memory_order_relaxed);
+  }
+  Fallback& fallback() { return fallback_; }
+
+ private:
+  Fallback fallback_;
+  std::vector<std::atomic<int64_t>> passed_;
+  std::vector<py::object> ops_;
+  std::unordered_map<const c10::FunctionSchema*, size_t> index_;
+};
+
+// The kernel of the mode's key: every op reaching it in a thread that entered a mode.
+void mode_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto* state = static_cast<ModeState*>(c10::ThreadLocalDebugInfo::get(mode::kStateKind));
+  if (state == nullptr || mode::passes_by(op, stack)) return mode::pass_below(op, ks, stack);
+  if (auto* n = state->passed(&op.schema())) {
+    n->fetch_add(1, std::memory_order_relaxed);
+    return mode::pass_below(op, ks, stack);
+  }
+  // NOTE: every dispatcher call made from here on is the mode's own (keying a wrapped number
+  // with item(), a program's steps, the Python miss path's trace and replay): none may come back
+  // to this kernel
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::DispatchKeySet(mode::kKey)};
+  state->fallback()(op, ks, stack);
+}
+
+std::unique_ptr<torch::Library> g_mode_lib;
+
+void register_mode() {
+  if (g_mode_lib) return;
+  const std::string taken = mode::slot_taken(mode::kKey);
+  if (!taken.empty()) throw std::runtime_error("dispatch key " + std::string(c10::toString(mode::kKey)) + ": " + taken);
+  g_mode_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", mode::kKey, __FILE__, __LINE__);
+  g_mode_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&mode_kernel>());
+}
+
 void init(py::module_& m) {
   auto h = m.def_submodule("hit", "The C++ hit path (csrc/hit.cpp)");
   py::class_<Table, std::shared_ptr<Table>>(h, "Table")
@@ -1311,6 +1412,17 @@ void init(py::module_& m) {
       .def("remove", &Registration::remove);
   // the layout of a key's words (Tag, push_tensor, finish...): bumped when it changes, so
   // a shape family's program at one key, copied and patched for its others (install_patched)
+  py::class_<ModeState, std::shared_ptr<ModeState>>(h, "ModeState")
+      .def(py::init<std::shared_ptr<Table>, std::shared_ptr<Counts>, py::object, py::object, int64_t, py::list>(),
+           py::arg("table"), py::arg("counts"), py::arg("handler"), py::arg("on_install"), py::arg("host"),
+           py::arg("opset"))
+      .def("passed", &ModeState::passed_counts)
+      .def("clear_passed", &ModeState::clear_passed);
+  py::class_<mode::Token>(h, "ModeToken");
+  h.def("register_mode", &register_mode, "The mode key's kernel (once per process; raises if the slot is taken)");
+  h.def("enter", [](std::shared_ptr<ModeState> s) { return mode::enter(std::move(s)); },
+        "The mode's key into this thread's included set, its state into the thread's debug info");
+  h.def("leave", &mode::leave, "Both put back exactly as enter found them");
   py::class_<Program, std::shared_ptr<Program>>(h, "Program");
   h.def("template", [](py::list calls, py::list outputs, int n_slots, py::handle slot_type) {
     return std::make_shared<Program>(build(calls, outputs, n_slots, slot_type));

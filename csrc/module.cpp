@@ -14,6 +14,10 @@ namespace eagerdecomp::hit {  // csrc/hit.cpp
 void init(pybind11::module_& m);
 }  // namespace eagerdecomp::hit
 
+namespace eagerdecomp::mode {  // csrc/mode.cpp
+void init(pybind11::module_& m);
+}  // namespace eagerdecomp::mode
+
 namespace eagerdecomp::host {  // csrc/host.cpp
 void init(pybind11::module_& m);
 }  // namespace eagerdecomp::host
@@ -31,4 +35,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_key", &eagerdecomp::key::make_key, "(parts, tensors) of a call: eagerdecomp/key.py's make_key_py in C++");
   eagerdecomp::hit::init(m);
   eagerdecomp::host::init(m);
+  eagerdecomp::mode::init(m);
 }

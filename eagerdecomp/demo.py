@@ -104,9 +104,9 @@ def _median(xs):
 def time_steps(model, opt, x, y, steps: int) -> list:
     """Seconds of each of ``steps`` training steps, under whatever modes the caller entered.
 
-    NOTE: the demo's timed runs enter no witness: :class:`~eagerdecomp.testing.RecordingMode`
-    is a second Python dispatch mode, so it pays ``__torch_dispatch__`` on every core op the
-    mode lets through and roughly doubles a step. The witness checks exactness separately.
+    NOTE: the demo's timed runs enter no witness: a witness records every core op the mode
+    lets through (:class:`~eagerdecomp.testing.RecordingMode`, a second Python dispatch mode,
+    roughly doubles a step). The witness checks exactness separately.
     """
     times = []
     for _ in range(steps):
@@ -121,7 +121,12 @@ def main(steps: int = 6) -> None:
     from eagerdecomp.device.refdev import reference_device
     from eagerdecomp.errors import BackendError
     from eagerdecomp.runtime import key
-    from eagerdecomp.testing import RecordingMode
+    from eagerdecomp.testing import KernelWitness, RecordingMode, witness_available
+
+    def witness():
+        # KernelWitness records below the mode's C++ key and keeps the mode on it (the path users
+        # get); RecordingMode, a Python mode outside, makes it take its Python path
+        return KernelWitness() if witness_available() else RecordingMode()
 
     try:  # before any backward pass: autograd learns the process's devices at its first one
         reference_device()
@@ -139,7 +144,7 @@ def main(steps: int = 6) -> None:
     opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-3)
     x, y = TransformerBlock.batch()
     ln, lossn, gn = train_step(native, opt_n, x, y)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+    with witness() as rec, ed.EagerDecompMode("core_aten") as mode:
         lo, losso, go = train_step(ours, opt_o, x, y)
     print("matches native eager (dropout off):")
     print(
@@ -160,7 +165,7 @@ def main(steps: int = 6) -> None:
         times_o += time_steps(model, opt, x, y, steps - 1)
     info = ed.cache_info()  # the timed run's, before the witness's step adds its hits
     # the same training with dropout, one step more, under the witness (not timed)
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+    with witness() as rec, ed.EagerDecompMode("core_aten"):
         train_step(model, opt, x, y)
     print(f"  with dropout too: {not rec.outside('core_aten')}")
 

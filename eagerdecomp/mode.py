@@ -30,6 +30,7 @@ except (ImportError, AttributeError):  # a torch without them: its own wrapper d
     _hook, _OWN_WRAPPER = (lambda: None), True
 
 from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.runtime import keymode
 from eagerdecomp.runtime.core import runtime_for
 from eagerdecomp.runtime.routes import defers_to_subclass
 
@@ -60,6 +61,12 @@ class EagerDecompMode(TorchDispatchMode):
 
     Kernels are traced once per key and cached process-wide per (opset,
     table), so a second mode over the same opset starts warm.
+
+    Entering it puts a C++ dispatch key on in this thread (:mod:`eagerdecomp.runtime.keymode`):
+    opset ops and cache hits then run with no Python at all. Where that path cannot serve
+    (no C++ library, ``compile=``, a Python dispatch mode already active, a profiler
+    recording, this mode nested in another) it is the Python ``TorchDispatchMode`` below,
+    with the same results; :attr:`path` and ``report().paths`` say which ran.
     """
 
     def __init__(
@@ -77,6 +84,29 @@ class EagerDecompMode(TorchDispatchMode):
         self._ops = self.opset.ops
         self._dispatch: Callable = self.runtime
         self._passed = self.runtime.stats.pass_counters(self._ops)  # opset op -> its call counter
+        self._entered = threading.local()  # per thread: a stack of key tokens (None: the Python path)
+        self.path = None  # the path of the latest entry: "C++ key" or "Python: <why>"
+
+    def __enter__(self):
+        reason = keymode.python_reason(self.runtime)
+        stack = self._entered.__dict__.setdefault("tokens", [])
+        if reason is None:
+            stack.append(keymode.enter(self.runtime))
+            self.path = "C++ key"
+        else:
+            keymode.entered_python(reason)
+            super().__enter__()
+            stack.append(None)
+            self.path = f"Python: {reason}"
+        self.runtime.stats.paths[self.path] += 1
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        token = self._entered.tokens.pop()
+        if token is None:
+            return super().__exit__(exc_type, exc_val, exc_tb)
+        keymode.leave(token)
+        return None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:

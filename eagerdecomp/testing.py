@@ -12,13 +12,16 @@ Example::
     >>> with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
     ...     _ = torch.nn.functional.silu(torch.randn(3))
     >>> rec.assert_only("core_aten")
+
+:class:`KernelWitness` sees the same from a C++ dispatch key below the mode, so the mode
+keeps its C++ key path (a Python mode outside makes it take its Python path).
 """
 
 from __future__ import annotations
 
-from eagerdecomp.runtime.recording import RecordingMode
+from eagerdecomp.runtime.recording import KernelWitness, RecordingMode, witness_available
 
-__all__ = ["RecordingMode", "reference_device", "prims_reference_device"]
+__all__ = ["RecordingMode", "KernelWitness", "witness_available", "reference_device", "prims_reference_device"]
 
 
 def reference_device():

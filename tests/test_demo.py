@@ -79,16 +79,24 @@ def _check_numbers(out: str) -> None:
     assert 0 < distinct <= min(ran, with_kernels) and lacking > 0, out
 
 
-# runs the demo's first half with time_steps watched: the modes active whenever it times steps
+# runs the demo's first half with time_steps watched: the modes active whenever it times steps,
+# Python dispatch modes and the C++ keys of the mode and the witness (eagerdecomp.runtime.keymode)
 SPEED = r"""
 import json
+import re
+import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 import eagerdecomp.demo as demo
+from eagerdecomp.runtime import keymode, library
 
 stacks, timed = [], demo.time_steps
+lib = library.load()
+keys = {"EagerDecompMode": keymode.key(), "KernelWitness": lib.mode.WITNESS_KEY if lib is not None else None}
 
 def watched(*args, **kwargs):
-    stacks.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()])
+    on = re.findall(r"\w+", str(torch._C._dispatch_tls_local_include_set()))
+    stacks.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+                  + [name for name, key in keys.items() if key is not None and key in on])
     return timed(*args, **kwargs)
 
 demo.time_steps = watched
@@ -99,8 +107,9 @@ print(json.dumps(stacks))
 
 
 def test_the_demo_times_its_steps_without_the_witness():
-    """The recording witness is a second Python mode (about 2x a step): the timed steps run
-    natively or under EagerDecompMode alone, and the witness still checks exactness."""
+    """A witness records every core op (RecordingMode, a second Python mode, about 2x a step):
+    the timed steps run natively or under EagerDecompMode alone (its Python mode or its C++ key),
+    and the witness still checks exactness."""
     proc = subprocess.run([sys.executable, "-c", SPEED], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     *out, last = proc.stdout.strip().splitlines()

@@ -66,6 +66,10 @@ class ByValue:
 NEGATIVE = (Unsupported, Bypassed, ByValue)
 
 
+# EagerDecompMode entries per path, process-wide (eagerdecomp.runtime.keymode counts them)
+MODE_ENTRIES = {"C++ key": 0, "Python": 0}
+
+
 @dataclass(frozen=True)
 class CacheInfo:
     hits: int
@@ -78,6 +82,8 @@ class CacheInfo:
     family_hits: int = 0  # exact-key misses answered by a shape-generic kernel
     preloaded: int = 0  # C++ programs installed from disk before a first miss (eagerdecomp.runtime.hits)
     traced: int = 0  # kernels traced in this process, exact and shape-generic (never reset)
+    cxx_mode: int = 0  # EagerDecompMode entries on its C++ key (eagerdecomp.runtime.keymode; never reset)
+    python_mode: int = 0  # EagerDecompMode entries on its Python path (never reset)
 
 
 class _Flight:
@@ -303,6 +309,8 @@ def cache_info() -> CacheInfo:
         family_hits=sum(i.family_hits for i in infos),
         preloaded=sum(i.preloaded for i in infos),
         traced=traced(),
+        cxx_mode=MODE_ENTRIES["C++ key"],
+        python_mode=MODE_ENTRIES["Python"],
     )
 
 

@@ -145,9 +145,11 @@ class Runtime:
             return lambda f, a, k: self.bypass(f, a, k, "non-tensor output")
         if self.hits is None or self.serves_device:  # (the device's C++ fallback asked already)
             return self._decompose
-        call, counts, miss, slow = self.hits.call, self.hit_counts, hits.MISS, self._decompose
+        call, counts, miss, slow, tls = self.hits.call, self.hit_counts, hits.MISS, self._decompose, self._tls
 
         def decompose(func, args, kwargs):  # the C++ hit path first: one call, then Python on a miss
+            if getattr(tls, "cxx", False):  # (the mode's C++ key asked already, keyed from its stack)
+                return slow(func, args, kwargs)
             out = call(counts, func, args, kwargs)
             return slow(func, args, kwargs) if out is miss else out
 
@@ -158,9 +160,14 @@ class Runtime:
         self.stats.passthrough(func)
         return func(*args, **kwargs)
 
+    def via_cxx(self) -> bool:
+        """Whether this call came from a C++ fallback (the device switch's, or the mode's key):
+        it asked the table already, and takes the key's program back (``hits.offer``)."""
+        return self.serves_device or getattr(self._tls, "cxx", False)
+
     def decompose(self, func, args, kwargs):
         """Replay the cached kernel for this call's key, tracing it on a miss."""
-        if self.hits is not None and not self.serves_device:
+        if self.hits is not None and not self.via_cxx():
             out = self.hits.call(self.hit_counts, func, args, kwargs)  # a hit: keyed, found, replayed in C++
             if out is not hits.MISS:
                 return out
@@ -172,7 +179,7 @@ class Runtime:
         table = self.hits
         if table is not None and self.compiler is None and not self.cache.programs_read and self._store() is not None:
             # the first miss over this cache: install the programs earlier processes wrote
-            if hits.preload(self) and not self.serves_device:
+            if hits.preload(self) and not self.via_cxx():
                 out = table.call(self.hit_counts, func, args, kwargs)
                 if out is not hits.MISS:
                     return out
@@ -237,15 +244,16 @@ class Runtime:
         error = UnsupportedOpError(func, entry.chain, entry.reason)
         return self.unsupported(func, args, kwargs, error, cache, keyed=True)
 
-    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted):
+    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=True):
         """Install this key's C++ program; under compile=, once the compiler's verdict is in
-        (until then its calls must come back here to be counted), with its compiled code."""
+        (until then its calls must come back here to be counted), with its compiled code.
+        ``persist=False``: not written to disk (a proved family's new key)."""
         call = None
         if self.compiler is not None:
             call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
             if call is PENDING:
                 return
-        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call)
+        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call, persist)
 
     def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, member, n_lifted):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
@@ -255,7 +263,7 @@ class Runtime:
         self.stats.record(func, Route.REPLAY, FAMILY, "miss")
         replay_once(func, args, kwargs)
         out, installed = hits.MISS, None
-        if self.hits is not None and self.compiler is None and not self.serves_device and not profiling():
+        if self.hits is not None and self.compiler is None and not self.via_cxx() and not profiling():
             # NOTE: the key's program is installed first and runs this call in C++: a new exact
             # key then costs its specialization, not a replay of the graph in Python
             installed = hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, persist=False)
@@ -275,8 +283,8 @@ class Runtime:
             if installed is not None:
                 if keep:
                     hits.persist(self, installed)
-            elif self.hits is not None:
-                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted)
+            elif self.hits is not None:  # (a C++ fallback asked: it installs the program, written only if kept)
+                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=keep)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
@@ -529,7 +537,7 @@ class Runtime:
         device = device_of(args, kwargs) if self.host is not None else None
         if device is not None and device.type != "cpu":
             out = self.host(self, func, args, kwargs, error, cache, device)
-            if keyed and self.serves_device:  # later calls with this key: the C++ fallback's
+            if keyed and self.via_cxx():  # later calls with this key: the C++ fallback's
                 hits.offer_host(self, func, device)
             return out
         if self.on_unsupported == "error":

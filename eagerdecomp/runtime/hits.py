@@ -140,7 +140,9 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
     (compile=): the key's compiled code, which the program runs instead of its steps; such
     programs are not written to disk (the next process compiles, from Inductor's cache).
     ``persist=False``: installed to run this very call, not yet known correct; returns what
-    :func:`persist` writes once it is (None when nothing was installed)."""
+    :func:`persist` writes once it is (None when nothing was installed). Offered to a C++
+    fallback (the device switch's, the mode's key), the program is installed there and, with
+    ``persist=False``, not written to disk."""
     if key in runtime._no_program:
         return None
     try:
@@ -152,12 +154,15 @@ def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call
         plan = program.plan_for(kernel, len(tensors), n_lifted)
         sizes = program.sizes_at(plan, tensors, ints)
         lazy = (func, _positions(runtime._lift.get(func, ())), plan, sizes, n_lifted)
-        if call is None and not runtime.serves_device and plan[0] and plan[5]:
+        via_cxx = runtime.via_cxx()
+        if call is None and not via_cxx and plan[0] and plan[5]:
             words = _install_patched(runtime, func, args, kwargs, lazy, kernel, len(tensors))
         else:
             made = _program(*lazy, call)
-            if runtime.serves_device:
+            if via_cxx:
                 runtime._tls.offer = made  # installed (and saved, see saver) by the C++ fallback
+                # (not saved: the saver, called by the fallback as it installs, finds it here)
+                runtime._tls.unsaved = None if persist else made
                 return None
             words = runtime.hits.install(func, args, kwargs, *made[1:6], call)
         if words is not None:
@@ -232,7 +237,9 @@ def saver(runtime):
 
     def save(words, program):
         store = runtime._store()
-        if store is not None:
+        if program is getattr(runtime._tls, "unsaved", None):  # offered with persist=False
+            runtime._tls.unsaved = None
+        elif store is not None:
             _save(store, True, words, program)
 
     return save

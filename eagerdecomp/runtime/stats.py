@@ -75,6 +75,8 @@ class Stats:
         self.host: dict = {}  # op -> [blocking op, bytes to host, bytes back, seconds copying] (the CPU tier)
         self.hits = None  # the runtime's C++ hit counts (eagerdecomp.runtime.hits)
         self.kernels_of = None  # op -> cached kernels: what an op served only in C++ runs
+        self.key_passed = None  # the mode key's C++ state: its pass-through counts (runtime.keymode)
+        self.paths: Counter = Counter()  # mode entries per path ("C++ key", "Python: <why>")
 
     def record(self, op, route: Route, reason: str | None = None, cache: str | None = None) -> None:
         """Count one call of ``op`` under ``route`` (the one place a call's route is recorded)."""
@@ -116,6 +118,9 @@ class Stats:
         for op, c in passed:
             n = c.__reduce__()[1][0]  # the count's next value: calls so far
             if n:
+                total[op, Route.PASSTHROUGH, None, None] += n
+        if self.key_passed is not None:  # opset ops the mode's C++ key passed through
+            for op, n in self.key_passed.passed():
                 total[op, Route.PASSTHROUGH, None, None] += n
         if self.hits is not None:  # hits served in C++, counted there (exact: atomics)
             # kind: 1 floats lifted, 2 compiled, 4 the CPU tier (csrc/hit.cpp)
@@ -205,6 +210,9 @@ class Stats:
             self.host = {}
         if self.hits is not None:
             self.hits.clear_counts()
+        if self.key_passed is not None:
+            self.key_passed.clear_passed()
+        self.paths.clear()
 
     def report(self) -> Report:
         rows: dict = {}
@@ -236,7 +244,7 @@ class Stats:
             row.compile_s = self.compile_s.get(op, 0.0)
             row.not_compiled = sorted(self.uncompiled.get(op, ()))
             row.python_replay = sorted(self.python_only.get(op, ()))
-        return Report([rows[op] for op in sorted(rows, key=str)])
+        return Report([rows[op] for op in sorted(rows, key=str)], dict(self.paths))
 
 
 def _seeded(op) -> bool:
@@ -357,6 +365,7 @@ class Report:
     """What a mode did, per op. ``str(report)`` is a table; fields are public."""
 
     rows: list
+    paths: dict = field(default_factory=dict)  # mode entries per path: "C++ key", "Python: <why>"
 
     def by_route(self, route: str) -> list:
         return [r for r in self.rows if r.route == route]
@@ -410,4 +419,6 @@ class Report:
         routes += sorted({r.route for r in self.rows} - set(routes))  # collectives, custom ops
         counts = {k: len(self.by_route(k)) for k in routes}
         lines.append(", ".join(f"{v} {k}" for k, v in counts.items()) + " ops")
+        if self.paths:
+            lines.append("entered on: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.paths.items())))
         return "\n".join(lines)

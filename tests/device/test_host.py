@@ -246,14 +246,17 @@ def test_mode_mixed_devices_are_refused_as_eager_refuses():
 def test_mode_random_draws_the_devices_stream_or_is_refused(monkeypatch):
     torch.manual_seed(7)
     expect = torch.rand(5)
-    with EagerDecompMode(NARROW, on_unsupported="cpu") as mode:
+    with EagerDecompMode(NARROW, on_unsupported="cpu"):
         torch.manual_seed(7)
         got = torch.rand(5, device=DEV)  # edref's generator is the CPU's
         same(expect, got)
-        monkeypatch.setattr(mode.runtime.host, "_draws_from_cpu", lambda device: False)
-        mode.runtime.host._refusals.clear()
-        with pytest.raises(UnsupportedOpError, match="generator is not the CPU's"):
-            torch.rand(5, device=DEV)
+    # NOTE: a tier decides an (op, device) once, at its first call, as the device switch does
+    # (the mode's C++ key then serves the key on the host with no Python): a device whose
+    # generator is not the CPU's is refused there, by a fresh mode (a tier of its own)
+    other = EagerDecompMode(NARROW, on_unsupported="cpu")
+    monkeypatch.setattr(other.runtime.host, "_draws_from_cpu", lambda device: False)
+    with other, pytest.raises(UnsupportedOpError, match="generator is not the CPU's"):
+        torch.rand(5, device=DEV)
 
 
 def test_mode_on_cpu_tensors_falls_through():

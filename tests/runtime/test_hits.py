@@ -4,6 +4,7 @@ dtypes, shapes, strides, aliasing), with eager's identity, overlap errors and co
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -13,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import eagerdecomp as ed
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.runtime import hits
+from eagerdecomp.testing import KernelWitness
 from tests.compare import assert_like_eager
 
 pytestmark = pytest.mark.skipif(not hits.enabled(), reason="C++ library not built (pure-Python path)")
@@ -147,18 +149,26 @@ class Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_only_opset_ops_reach_below_on_hits():
+@pytest.mark.parametrize("path", ["C++ key", "Python"])
+def test_only_opset_ops_reach_below_on_hits(path):
+    # NOTE: each path keys a call its own way (the C++ key from the boxed stack, the Python path
+    # from the Python arguments: csrc/hit.cpp's key_stack and key_py), so a program one installs
+    # answers that path's calls; both blocks take one path. The witness of the key path is
+    # KernelWitness (a C++ key below the mode's); a Python mode outside gives the Python path
     fast, _ = _modes()
     opset = OpSet.coerce("core_aten")
     x = torch.randn(4, 4)
-    with fast:  # trace and install first, outside the recorder
+    outside = contextlib.nullcontext if path == "C++ key" else Recorder
+    with outside(), fast:  # trace and install first, outside the witness
         for _ in range(3):
             torch.nn.functional.silu(x), torch.roll(x, 1, 0), x.chunk(2)
     before = fast.report().row(aten.silu.default).cpp_hits
-    with Recorder() as rec, fast:
+    witness = KernelWitness() if path == "C++ key" else Recorder()
+    with witness as rec, fast:
         torch.nn.functional.silu(x), torch.roll(x, 1, 0), x.chunk(2)
+    assert fast.path.startswith(path), fast.path
     assert fast.report().row(aten.silu.default).cpp_hits == before + 1
-    assert rec.ops and all(op in opset for op in rec.ops), sorted(map(str, rec.ops - set(opset)))
+    assert rec.ops and all(op in opset for op in rec.ops), sorted(str(op) for op in rec.ops if op not in opset)
 
 
 def test_cache_clear_empties_the_tables():

@@ -2,7 +2,10 @@
 multi-output and list ops, odd shapes and layouts, dtype families, random and data-dependent ops.
 
 Each test runs the same call natively and under ``EagerDecompMode("core_aten")`` with an
-independent :class:`RecordingMode` outside it, and compares everything eager guarantees.
+independent witness of what reached the kernels, and compares everything eager guarantees. The
+witness is :class:`KernelWitness` (a C++ key below the mode's, so the mode runs on its C++ key)
+where the C++ library is loaded, else :class:`RecordingMode` outside it (the Python path,
+``make parity``).
 """
 
 import pytest
@@ -10,15 +13,17 @@ import torch
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.testing import RecordingMode
+from eagerdecomp.testing import KernelWitness, RecordingMode, witness_available
 
 aten = torch.ops.aten
 
 
 def under_mode(fn, *args):
     """``fn(*args)`` under the mode; asserts only core ops reached the kernels."""
-    with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+    witness = KernelWitness() if witness_available() else RecordingMode()
+    with witness as rec, ed.EagerDecompMode("core_aten") as mode:
         out = fn(*args)
+    assert (mode.path == "C++ key") == witness_available(), mode.path
     rec.assert_only("core_aten")
     return out, mode
 
