@@ -99,9 +99,15 @@ class EagerDecompMode(TorchDispatchMode):
             stack.append(None)
             self.path = f"Python: {reason}"
         self.runtime.stats.paths[self.path] += 1
+        _entered.__dict__.setdefault("modes", []).append(self)
         return self
 
     def __exit__(self, exc_type, exc_val, exc_tb):
+        modes = _entered.modes
+        for i in range(len(modes) - 1, -1, -1):  # the innermost entry of this mode
+            if modes[i] is self:
+                del modes[i]
+                break
         token = self._entered.tokens.pop()
         if token is None:
             return super().__exit__(exc_type, exc_val, exc_tb)
@@ -144,19 +150,6 @@ class EagerDecompMode(TorchDispatchMode):
         # with it on again, so ops a compiled graph still holds outside the opset (any
         # backend other than eagerdecomp's) are decomposed here, as are graph breaks.
         return True
-
-    def __enter__(self):
-        out = super().__enter__()
-        _entered.__dict__.setdefault("modes", []).append(self)
-        return out
-
-    def __exit__(self, *exc):
-        modes = _entered.__dict__.get("modes", [])
-        for i in range(len(modes) - 1, -1, -1):  # the innermost entry of this mode
-            if modes[i] is self:
-                del modes[i]
-                break
-        return super().__exit__(*exc)
 
     @staticmethod
     def active() -> EagerDecompMode | None:
