@@ -752,7 +752,8 @@ def mixed_optimizers(dev):
     return losses, state(model), [s["momentum_buffer"] for s in sgd.state.values()]
 
 
-@idiom(tol=TRAINING)
+# on edref without the CPU tier a fused step is a clear error (docs/limits.md: fused optimizers)
+@idiom(tol=TRAINING, limit={"edref": ed.UnsupportedOpError})
 def fused_optimizers(dev):
     model = mlp().to(dev)
     opts = [torch.optim.AdamW(model[0].parameters(), lr=1e-2, fused=True)]

@@ -128,11 +128,23 @@ def _adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, c, sk
     _store(param, aten.add.Tensor(p, aten.div.Tensor(aten.mul.Tensor(neg_step_size, m), denom)), skip)
 
 
+def _off_the_cpu(params) -> bool:
+    # NOTE: ATen's fused kernels write through raw pointers and bump no version counter. Under the
+    # mode (below autograd) this decomposition's copy_ bumps none either; on a device with the
+    # switch it is called above ADInplaceOrView (the fused ops have no autograd kernel), so every
+    # written tensor would be bumped once a step and a backward over a graph that saved a
+    # parameter would raise where eager runs. Off the CPU it declines: the CPU tier
+    # (on_unsupported="cpu") runs the CPU's kernel exactly, else the clear UnsupportedOpError.
+    return bool(params) and params[0].device.type != "cpu"
+
+
 def _adam(adamw: bool, kernel: str):
     def fused_adam_(
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-        weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None,
+        weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, _on_clones=False,
     ):  # fmt: skip
+        if _off_the_cpu(params) and not _on_clones:
+            return NotImplemented
         lists = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs, "state_steps": state_steps}
         if amsgrad:
             lists["max_exp_avg_sqs"] = max_exp_avg_sqs
@@ -163,8 +175,10 @@ fused_adamw_ = project_decomposition([aten._fused_adamw_.default, aten._fused_ad
 @project_decomposition([aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr])
 def fused_sgd_(
     params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
-    is_first_step, grad_scale=None, found_inf=None,
+    is_first_step, grad_scale=None, found_inf=None, _on_clones=False,
 ):  # fmt: skip
+    if _off_the_cpu(params) and not _on_clones:
+        return NotImplemented
     lists = {"grads": grads}
     if momentum != 0:
         lists["momentum_buffer_list"] = momentum_buffer_list
@@ -206,7 +220,7 @@ def _functional(inplace, n_written: int):
 
     def functional(*args, **kwargs):
         lists = [[aten.clone.default(t) for t in ts] for ts in args[:n_written]]
-        inplace(*lists, *args[n_written:], **kwargs)
+        inplace(*lists, *args[n_written:], **kwargs, _on_clones=True)  # (fresh tensors: no versions to keep)
         return tuple(lists)
 
     return functional

@@ -160,7 +160,6 @@ def normal_out(self, mean=0.0, std=1.0, *, generator=None, out):
     return aten.copy_.default(out, result)
 
 
-
 @project_decomposition(aten.geometric.default)
 def geometric(self, p, *, generator=None):
     # NOTE: torch's ref draws rand_like(self), which integer tensors cannot hold. The CPU kernel

@@ -12,6 +12,9 @@ import fnmatch
 import functools
 
 _BY_REASON: dict[str, str] = {
+    "no path: the fused optimizer kernels (_fused_adam_, _fused_adamw_, _fused_sgd_) have no decomposition": """
+        test_torch.py::TestTorchDeviceType::test_grad_scaling_autocast_foreach2_fused_True_*_DEVICE_float32
+    """,
     "device feature: quantized tensors (edref has no quantized backend)": """
         test_view_ops.py::TestOldViewOps::test_flatten_DEVICE
         test_view_ops.py::TestOldViewOps::test_ravel_DEVICE
