@@ -79,6 +79,14 @@ def _call(func, args, kwargs):
     return func(*args, **kwargs)
 
 
+def _unstrided_layout(args, kwargs):
+    """The layout of the first tensor argument that is not strided (sparse, ...), or None."""
+    for x in tree_flatten((args, kwargs))[0]:
+        if isinstance(x, torch.Tensor) and x.layout is not torch.strided:
+            return x.layout
+    return None
+
+
 class Runtime:
     """Decomposes calls of ops outside ``opset``; one per mode or device switch.
 
@@ -463,7 +471,23 @@ class Runtime:
     @below_forward_ad
     def bypass(self, func, args, kwargs, reason):
         """Decompose eagerly on the real tensors: still only opset ops run below."""
-        return self._lower_eagerly(func, args, kwargs, reason, None)
+        try:
+            return self._lower_eagerly(func, args, kwargs, reason, None)
+        except EagerDecompError:
+            raise
+        except Exception as e:
+            # NOTE: decompositions are written for strided tensors; on a sparse one some pass
+            # (a transpose is a permute the sparse kernel has) and others fail deep inside with
+            # PyTorch's storage, overlap or missing-kernel errors that name neither the op the
+            # user called nor the cause. Those become one clear error naming both.
+            layout = _unstrided_layout(args, kwargs)
+            if layout is None:
+                raise
+            raise UnsupportedArgumentError(
+                f"{func}: its decomposition does not run on a {layout} argument ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:160]}); the presets have no sparse kernels. Densify it before "
+                "the mode (.to_dense()), or run this op outside it (docs/limits.md: sparse tensors)"
+            ) from e
 
     def _through_tier(self, func, args, kwargs, error):
         """The op a taken-over ``func``'s decomposition is blocked at, when the CPU tier would run

@@ -120,3 +120,28 @@ def test_sparse_embedding_on_a_device_without_sparse_kernels_fails_as_pytorch_sa
     emb = nn.Embedding(10, 4, sparse=True).to(switched_device)
     with pytest.raises(NotImplementedError, match=r"with arguments from the 'Sparseedref' backend"):
         _sparse_step(emb, torch.optim.SGD, torch.tensor([[1, 2]], device=switched_device))
+
+
+@pytest.mark.parametrize(
+    "name,fn,op",
+    [
+        ("detach", lambda s: s.detach(), "aten.detach.default"),
+        ("in-place mul", lambda s: s.clone().mul_(2), "aten.mul_.Tensor"),
+        ("zeros_like", lambda s: torch.zeros_like(s), "aten.zeros_like.default"),
+    ],
+)
+def test_a_decomposition_that_cannot_run_on_a_sparse_tensor_names_the_op_and_layout(name, fn, op):
+    sparse = torch.randn(3, 3).relu().to_sparse()
+    fn(sparse)  # eager runs it
+    with pytest.raises(ed.UnsupportedArgumentError, match=rf"{op}: .*torch\.sparse_coo"):
+        with ed.EagerDecompMode("core_aten"):
+            fn(sparse)
+
+
+def test_ops_in_the_opset_pass_sparse_tensors_through():
+    sparse = torch.randn(3, 3).relu().to_sparse()
+    with RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        got = [sparse + sparse, sparse.t()]
+    rec.assert_only("core_aten")
+    for g, want in zip(got, [sparse + sparse, sparse.t()]):
+        assert g.layout == torch.sparse_coo and torch.equal(g.to_dense(), want.to_dense())
