@@ -452,7 +452,7 @@ import torch
 torch.set_num_threads(1)
 import eagerdecomp as ed
 from eagerdecomp import workloads as W
-what, native = sys.argv[1], sys.argv[2] == "native"
+what, native, STEPS = sys.argv[1], sys.argv[2] == "native", int(sys.argv[3])
 ctx = contextlib.nullcontext if native else (lambda: ed.EagerDecompMode("core_aten"))
 if what == "bert":
     model = W.bert()
@@ -472,13 +472,20 @@ else:
     run = lambda: train_step(model, opt, x, y)
 times, traced = [], []
 with ctx():
-    for _ in range(4):
+    for _ in range(STEPS):
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
         traced.append(ed.cache_info().traced)
-print(json.dumps({"first": times[0], "steady": statistics.median(times[1:]), "traced": traced[0]}))
+# steady: the last half of the steps (every hot key traced by then; see runtime/tiers.py)
+out = {"first": times[0], "steady": statistics.median(times[STEPS // 2 :]), "traced": traced[0], "times": times}
+print(json.dumps(out))
 """
+STEPS = 10  # steps per fresh process: the curve of the cold section
+
+# cold: tiers on (the default); trace first: EAGERDECOMP_TRACE_AFTER=0, every key traced at its
+# first call (as before tiers); bundle: a bundle built at the start, tiers on
+VARIANTS = ("native", "cold", "trace first", "bundle")
 
 COLD_WORK = {
     "bert": "BERT 2x64, first training step (length 13)",
@@ -491,7 +498,7 @@ def cold(rounds: int) -> dict:
     """Each workload's first step in fresh processes: native, the mode cold (no disk cache), the
     mode with a bundle built at the start (its own empty disk cache per process); ``rounds`` of each,
     interleaved. Returns ``{workload: {variant: [run dicts]}}`` and the bundle build's seconds."""
-    out: dict = {w: {"native": [], "cold": [], "bundle": []} for w in COLD_WORK}
+    out: dict = {w: {v: [] for v in VARIANTS} for w in COLD_WORK}
     with tempfile.TemporaryDirectory() as root:
         bundle = os.path.join(root, "bundle")
         env = {k: v for k, v in os.environ.items() if k != "EAGERDECOMP_BUNDLE"}
@@ -509,6 +516,7 @@ def cold(rounds: int) -> dict:
         variants = {
             "native": dict(env, EAGERDECOMP_DISK_CACHE="0"),
             "cold": dict(env, EAGERDECOMP_DISK_CACHE="0"),
+            "trace first": dict(env, EAGERDECOMP_DISK_CACHE="0", EAGERDECOMP_TRACE_AFTER="0"),
             "bundle": dict(env, EAGERDECOMP_DISK_CACHE="1", EAGERDECOMP_BUNDLE=bundle),
         }
         for i in range(rounds):
@@ -516,7 +524,7 @@ def cold(rounds: int) -> dict:
                 for v, venv in variants.items():
                     venv = dict(venv, EAGERDECOMP_CACHE_DIR=os.path.join(root, f"own-{w}-{v}-{i}"))
                     r = subprocess.run(
-                        [sys.executable, "-c", COLD_CHILD, w, v],
+                        [sys.executable, "-c", COLD_CHILD, w, v, str(STEPS)],
                         env=venv,
                         capture_output=True,
                         text=True,
@@ -617,43 +625,60 @@ def side_by_side(u: dict | None, p: dict | None, c: dict | None) -> list:
                 "native 1st",
                 "mode 1st, cold",
                 "traced",
+                "cold, trace first",
                 "mode 1st, bundle",
                 "traced with bundle",
                 "cold / native 1st",
+                "trace first / native 1st",
                 "bundle / native 1st",
                 "mode steady",
-                "cold / steady",
-                "bundle / steady",
+                "native steady",
             ],
-            formats={k: "{:.1f}" for k in ("native 1st", "mode 1st, cold", "mode 1st, bundle", "mode steady")}
-            | {k: "{:.1f}x" for k in ("cold / native 1st", "bundle / native 1st", "cold / steady", "bundle / steady")},
+            formats={
+                k: "{:.1f}"
+                for k in ("native 1st", "mode 1st, cold", "cold, trace first", "mode 1st, bundle", "mode steady")
+            }
+            | {"native steady": "{:.1f}"}
+            | {k: "{:.1f}x" for k in ("cold / native 1st", "trace first / native 1st", "bundle / native 1st")},
         )
         for w, label in COLD_WORK.items():
             r = c["runs"][w]
-            nat, cold_, bun = (_med([x["first"] for x in r[v]]) for v in ("native", "cold", "bundle"))
-            steady = _med([x["steady"] for x in r["cold"] + r["bundle"]])
+            nat, cold_, first_, bun = (_med([x["first"] for x in r[v]]) for v in VARIANTS)
             t.add(
                 label,
                 nat * 1e3,
                 cold_ * 1e3,
                 max(x["traced"] for x in r["cold"]),
+                first_ * 1e3,
                 bun * 1e3,
                 max(x["traced"] for x in r["bundle"]),
                 _med([a["first"] / b["first"] for a, b in zip(r["cold"], r["native"])]),
+                _med([a["first"] / b["first"] for a, b in zip(r["trace first"], r["native"])]),
                 _med([a["first"] / b["first"] for a, b in zip(r["bundle"], r["native"])]),
-                steady * 1e3,
-                _med([x["first"] / x["steady"] for x in r["cold"]]),
-                _med([x["first"] / x["steady"] for x in r["bundle"]]),
+                _med([x["steady"] for x in r["cold"] + r["trace first"] + r["bundle"]]) * 1e3,
+                _med([x["steady"] for x in r["native"]]) * 1e3,
             )
         n = len(c["runs"]["bert"]["native"])
         t.notes.append(
-            f"{n} fresh processes per cell, interleaved. cold: no disk cache; bundle: EAGERDECOMP_BUNDLE at a "
-            f"bundle built by `python -m eagerdecomp cache build` ({c['built']:.0f} s, from "
-            "eagerdecomp/workloads.py's workloads: BERT at other lengths, Llama from other prompts, the demo) "
-            "and an empty disk cache of its own. traced: the most kernels a process traced in its first step; "
-            "steady: median of steps 2-4 under the mode."
+            f"{n} fresh processes per cell, interleaved. cold: no disk cache, tiers on (the default: a key runs "
+            "direct twice, then is traced); trace first: EAGERDECOMP_TRACE_AFTER=0 (every key traced at its first "
+            "call, as before tiers); bundle: EAGERDECOMP_BUNDLE at a bundle built by `python -m eagerdecomp cache "
+            f"build` ({c['built']:.0f} s, from eagerdecomp/workloads.py's workloads: BERT at other lengths, Llama "
+            "from other prompts, the demo) and an empty disk cache of its own. traced: the most kernels a process "
+            f"traced in its first step; steady: median of steps {STEPS // 2 + 1}-{STEPS}."
         )
         tables.append(t)
+        curve = Table(
+            f"Steps 1-{STEPS} in a fresh process: ms per step, medians of processes",
+            ["workload", "variant"] + [str(i + 1) for i in range(STEPS)],
+            formats={str(i + 1): "{:.1f}" for i in range(STEPS)},
+        )
+        for w, label in COLD_WORK.items():
+            for v in VARIANTS:
+                runs = c["runs"][w][v]
+                curve.add(label.split(",")[0], v, *(_med([x["times"][i] for x in runs]) * 1e3 for i in range(STEPS)))
+        curve.notes.append("The same processes as the table above: each step timed on its own.")
+        tables.append(curve)
     for t in tables:
         print(f"\n{t.title}")
         fmts = t.formats

@@ -6,6 +6,8 @@ Every call that reaches the mode is timed and put under one route:
 ``passthrough``  an opset op, run as it is;
 ``replay``       a cache hit: a traced kernel replayed;
 ``tracing``      a cache miss: the decomposition traced into a kernel (plus its first run);
+``direct``       a key not hot yet: its decomposition run on the real tensors, no kernel made
+                 (the first calls of each key; ``EAGERDECOMP_TRACE_AFTER``, runtime/tiers.py);
 ``eager``        a bypass (a remembered one too): decomposed on the real tensors, call after call;
 ``fallthrough``  no path to the opset: the op's own kernel ran (``on_unsupported="fallthrough"``);
 ``cpu fallback`` no path on an accelerator: the CPU tier ran it (``on_unsupported="cpu"``); the time
@@ -24,7 +26,7 @@ Example::
     >>> import torch, eagerdecomp as ed
     >>> from eagerdecomp.profile import profile
     >>> p = profile(torch.nn.functional.silu, torch.randn(64))
-    >>> p.calls["replay"] + p.calls["tracing"]
+    >>> p.calls["direct"]  # a key's first calls run direct; it is traced once hot
     1
     >>> print(p)  # doctest: +SKIP
 """
@@ -47,6 +49,7 @@ _NAMES = {
     Route.PASSTHROUGH: "passthrough",
     Route.REPLAY: "replay",
     Route.TRACE: "tracing",
+    Route.DIRECT: "direct",
     Route.EAGER: "eager",
     Route.FALLTHROUGH: "fallthrough",
     Route.UNSUPPORTED: "unsupported",

@@ -66,6 +66,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def trace_first(monkeypatch):
+    """Every key traced at its first call (``EAGERDECOMP_TRACE_AFTER=0``), as before tiers.
+
+    For tests of what a traced kernel does (replays, shape families, lifted floats, the C++
+    hit path, the disk cache, counters): they call a key once or twice, which under the
+    default tiers would run direct (eagerdecomp.runtime.tiers; tests/runtime/test_tiers.py
+    checks the two tiers agree bitwise)."""
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "0")
+
+
+@pytest.fixture
 def switched_device():
     """The reference device (edref) with the switch on for the test, off after it; skipped
     where the C++ library is not built (EAGERDECOMP_NO_EXT=1)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import cachetools
 
+from eagerdecomp.runtime.tiers import Tiers
 from eagerdecomp.runtime.trace import traced
 
 __all__ = [
@@ -109,6 +110,7 @@ class KernelCache:
         self.family_hits = 0
         self.programs_read = False  # eagerdecomp.runtime.hits.preload: the disk's programs installed
         self.programs_preloaded = 0
+        self.tiers = Tiers()  # which keys still run direct (eagerdecomp.runtime.tiers)
         _LIVE.add(self)
 
     def get(self, key):
@@ -255,6 +257,7 @@ class KernelCache:
             self._lru.clear()
             self._families.clear()
             self.hits = self.misses = self.family_hits = 0
+        self.tiers.clear()
         clear_for(self)  # the C++ tables in front of it: a cache of this cache
 
     def info(self) -> CacheInfo:

@@ -26,6 +26,7 @@ from eagerdecomp.ops.schema import returns_tensor
 from eagerdecomp.runtime import hits, routes
 from eagerdecomp.runtime.cache import Bypassed, ByValue, KernelCache, Unsupported, cache_for
 from eagerdecomp.runtime.compiler import PENDING, compiler_for
+from eagerdecomp.runtime.direct import Unfinished, run_direct, tiered
 from eagerdecomp.runtime.disk import enabled as disk_enabled
 from eagerdecomp.runtime.disk import every_key, store_for
 from eagerdecomp.runtime.exact import (
@@ -204,7 +205,10 @@ class Runtime:
             return self.bypass(func, args, kwargs, b.reason)
         stats = self.stats
         tls = self._tls
-        entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
+        try:
+            entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
+        except _Cold:
+            return self._direct(func, args, kwargs, key, tensors)
         cache = "miss" if made else "hit"
         if type(entry) is Kernel:
             if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
@@ -306,6 +310,40 @@ class Runtime:
                 "run with EAGERDECOMP_SHAPE_GENERIC=0 and report this"
             )
         return self.decompose(func, args, kwargs)
+
+    def _family_key(self, func, args, kwargs, key, tensors, lifted):
+        """The shape family of this call's key, or None (it keeps exact-shape kernels)."""
+        if not family_enabled():
+            return None
+        key_args, key_kwargs = args, kwargs
+        if lifted:
+            key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
+        try:
+            return family_key(func, key, tensors, int_paths(symint_positions(func), args, kwargs), key_args, key_kwargs)
+        except NotGeneric:
+            return None
+
+    def _direct(self, func, args, kwargs, key, tensors):
+        """A call whose key is not hot yet: its decomposition run on its own tensors, with a
+        trace's checks (:mod:`eagerdecomp.runtime.direct`), no kernel made."""
+        try:
+            a = (func, args, kwargs, self.opset, self.table, tensors)
+            out, ran = ranged("direct", func, run_direct, *a) if profiling() else run_direct(*a)
+        except Stuck:
+            # NOTE: no path, found before anything was written or drawn: the trace decides what
+            # the call is (the CPU tier, a composite kernel, the error) and remembers it
+            self.cache.tiers.heat(key)
+            return self._decompose(func, args, kwargs)
+        except Unfinished as e:
+            raise UnsupportedOpError(
+                func,
+                e.stuck.chain,
+                f"{e.stuck.reason}, met after part of the call had run (run with EAGERDECOMP_TRACE_AFTER=0)",
+            ) from None
+        if func not in self.stats.leaf_ops or not ran <= self.stats.leaf_ops[func]:
+            self.stats.record_ops(func, ran)
+        self.stats.record(func, Route.DIRECT, None, None)
+        return out
 
     def _from_family(self, func, args, kwargs, tensors, lifted, key, in_memory=False):
         """A shape-generic kernel for this call (found or traced), or None: trace an exact one.
@@ -423,17 +461,23 @@ class Runtime:
                 return Unsupported(chain, "no decomposition")
         store = self._store()
         generic = key is not None and family_enabled()
+        # NOTE: a family this process holds answers first: a shape that changes every call
+        # would otherwise look the disk up (or run direct) for each new key (a proved family's
+        # keys are never written there)
+        kernel = self._from_family(func, args, kwargs, tensors, lifted, key, in_memory=True) if generic else None
+        if kernel is not None:
+            return kernel
         if store is not None and key is not None:
-            # NOTE: a family this process holds answers first: a shape that changes every call
-            # would otherwise look the disk up for each new key (a proved family's keys are
-            # never written there)
-            kernel = self._from_family(func, args, kwargs, tensors, lifted, key, in_memory=True) if generic else None
-            if kernel is not None:
-                return kernel
             kernel = store.load_kernel(key)
             if kernel is not None:
                 self._tls.answer = DISK
                 return kernel
+        if (
+            key is not None
+            and tiered(func)
+            and self.cache.tiers.cold(key, self._family_key(func, args, kwargs, key, tensors, lifted))
+        ):
+            raise _Cold  # (nothing stored: the next call of this key asks again)
         if generic:
             kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
             if kernel is not None:
@@ -571,6 +615,10 @@ class Runtime:
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
+
+
+class _Cold(Exception):
+    """This key is not hot yet: run its call direct (``Runtime._trace`` to ``_decompose``)."""
 
 
 class _Blocked(Exception):

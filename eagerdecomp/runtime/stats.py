@@ -39,6 +39,7 @@ class Route(str, enum.Enum):
     PASSTHROUGH = "passthrough"  # an opset op, run as it is
     REPLAY = "replay"  # a traced kernel replayed (cache hit)
     TRACE = "trace"  # traced into a kernel, then run (cache miss)
+    DIRECT = "direct"  # a key not hot yet: decomposed on the real tensors, checked as a trace (runtime.tiers)
     EAGER = "eager"  # decomposed on the real tensors: no replayable kernel (reason says why)
     UNSUPPORTED = "unsupported"  # no path to the opset: raised
     FALLTHROUGH = "fallthrough"  # no path to the opset: the op's own kernel ran (on_unsupported=)
@@ -163,6 +164,13 @@ class Stats:
             if kernel.random:
                 self.random.add(kernel.op)
 
+    def record_ops(self, op, ran) -> None:
+        """Note the opset ops a direct run of ``op`` called (:mod:`eagerdecomp.runtime.direct`)."""
+        with self._lock:
+            self.leaf_ops.setdefault(op, set()).update(ran)
+            if any(_seeded(o) for o in ran):
+                self.random.add(op)
+
     def exact_shapes(self, op, reason: str) -> None:
         """Note that a call of ``op`` was kept to an exact-shape kernel, and why."""
         reasons = self.exact_only.get(op)
@@ -274,6 +282,7 @@ class OpRow:
     remembered: int = 0
     misses: int = 0
     traces: int = 0
+    direct: int = 0  # calls of keys not hot yet, decomposed directly (eagerdecomp.runtime.tiers)
     bypassed: dict = field(default_factory=dict)
     negative: dict = field(default_factory=dict)
     unsupported: int = 0
@@ -319,6 +328,8 @@ class OpRow:
             self.cpp_hits += n if reason == CPP_HIT or reason == CPP_HIT_LIFTED else 0
         elif route is Route.TRACE:
             self.traces += n
+        elif route is Route.DIRECT:
+            self.direct += n
         elif route is Route.PASSTHROUGH:
             self.passthrough += n
         elif route is Route.COMPOSITE:
@@ -343,7 +354,7 @@ class OpRow:
             return Route.CPU_FALLBACK.value
         if self.bypassed or self.negative:
             return "bypassed"
-        if self.hits or self.misses:
+        if self.hits or self.misses or self.direct:
             return "decomposed"
         if self.composite:
             return Route.COMPOSITE.value
@@ -379,7 +390,7 @@ class Report:
 
     def __str__(self) -> str:
         width = max([48] + [len(r.op) for r in self.rows])
-        head = f"{'op':{width}} {'route':14} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5}  notes"
+        head = f"{'op':{width}} {'route':14} {'calls':>7} {'hits':>6} {'miss':>5} {'trace':>5} {'direct':>6}  notes"
         lines = [head, "-" * len(head)]
         for r in self.rows:
             calls = r.calls
@@ -413,7 +424,8 @@ class Report:
             elif r.random:
                 notes.append("draws random numbers (stream not checked against eager's)")
             lines.append(
-                f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5}  {'; '.join(notes)}"
+                f"{r.op:{width}} {r.route:14} {calls:>7} {r.hits:>6} {r.misses:>5} {r.traces:>5} {r.direct:>6}  "
+                + "; ".join(notes)
             )
         routes = ["passthrough", "decomposed", "bypassed", "unsupported"]
         routes += sorted({r.route for r in self.rows} - set(routes))  # collectives, custom ops

@@ -148,6 +148,7 @@ def test_cpu_flash_fully_masked_rows_as_the_kernel(dtype, fill):
         torch.testing.assert_close(o, n, **tol)
 
 
+@pytest.mark.usefixtures("trace_first")  # shape families of traced kernels
 def test_lengths_share_one_kernel_and_head_counts_are_pinned_by_its_guard():
     # batch and sequence lengths stay symbols of the shape-generic kernel; head counts and
     # head sizes are part of its guard, so another architecture traces a member of its own

@@ -246,6 +246,7 @@ def _stats(mode):
     return sum(r.hits for r in rows), sum(r.misses for r in rows), sum(r.traces for r in rows)
 
 
+@pytest.mark.usefixtures("trace_first")  # counts a traced kernel's hits
 def test_recompile_and_mode_cache_coexist():
     w = torch.randn(6, requires_grad=True)
     backend = compile_backend("core_aten")

@@ -14,6 +14,9 @@ import pytest
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.runtime import bundle, disk, hits
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 # a tiny workload: decomposed ops (shape families, exact kernels, views) at the lengths given
 WORK = textwrap.dedent(
     """

@@ -1,7 +1,11 @@
+import pytest
 import torch
 
 import eagerdecomp as ed
 from eagerdecomp.runtime.cache import Bypassed, KernelCache
+
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
 
 aten = torch.ops.aten
 

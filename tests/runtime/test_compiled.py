@@ -17,6 +17,9 @@ from eagerdecomp.errors import BackendError, UnsupportedArgumentError
 from eagerdecomp.runtime import hits
 from eagerdecomp.testing import RecordingMode
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 

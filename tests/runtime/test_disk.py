@@ -18,6 +18,9 @@ from eagerdecomp.decompositions import registry
 from eagerdecomp.runtime import disk, hits
 from tests.compare import assert_like_eager
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 # one process's work: decomposed ops at two lengths (shape families and exact kernels), on

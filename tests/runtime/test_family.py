@@ -14,6 +14,9 @@ from eagerdecomp.runtime.core import Runtime
 from eagerdecomp.runtime.family import MAX_MEMBERS
 from eagerdecomp.testing import RecordingMode
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 # decomposed under core_aten; each is called on (n, 6) inputs of many lengths n

@@ -19,6 +19,9 @@ from eagerdecomp.runtime import cache as cache_module
 from eagerdecomp.runtime import core, hits, trace
 from eagerdecomp.runtime.symbolic import new_shape_env, symbolic_layout, unguarded
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 SIZES = {"a": 4, "b": 5, "c": 3}

@@ -11,7 +11,10 @@ import pytest
 
 from eagerdecomp.runtime import hits
 
-pytestmark = pytest.mark.skipif(not hits.enabled(), reason="the C++ hit path is not built")
+pytestmark = [
+    pytest.mark.skipif(not hits.enabled(), reason="the C++ hit path is not built"),
+    pytest.mark.usefixtures("trace_first"),
+]  # tests of traced kernels (conftest.trace_first)
 
 SCRIPT = textwrap.dedent(
     """

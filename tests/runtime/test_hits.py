@@ -17,7 +17,10 @@ from eagerdecomp.runtime import hits
 from eagerdecomp.testing import KernelWitness
 from tests.compare import assert_like_eager
 
-pytestmark = pytest.mark.skipif(not hits.enabled(), reason="C++ library not built (pure-Python path)")
+pytestmark = [
+    pytest.mark.skipif(not hits.enabled(), reason="C++ library not built (pure-Python path)"),
+    pytest.mark.usefixtures("trace_first"),
+]  # tests of traced kernels (conftest.trace_first)
 aten = torch.ops.aten
 
 

@@ -6,6 +6,9 @@ import torch
 import eagerdecomp as ed
 from eagerdecomp.runtime.lift import SPECIAL, _band, lift_positions, split, stand_ins
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 

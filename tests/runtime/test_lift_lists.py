@@ -10,6 +10,9 @@ from eagerdecomp.demo import SmallCNN, train_step
 from eagerdecomp.runtime import key as keys
 from eagerdecomp.runtime.lift import Each, lift_positions, split, stand_ins, with_values
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 
 

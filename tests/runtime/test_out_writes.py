@@ -305,6 +305,7 @@ def test_scatter_reduce_deprecation_from_a_disk_cache_kernel_is_eagers(where, al
         assert (first_routes, second_routes) == ("1 0", "0 1")  # traced, then loaded from the disk
 
 
+@pytest.mark.usefixtures("trace_first")  # the warning on replays of a traced kernel
 def test_scatter_reduce_deprecation_on_replays_under_warn_always():
     # in process: eager's flag has fired already; with warn_always eager warns on every call,
     # and so must the mode's replays of the traced kernel

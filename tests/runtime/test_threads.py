@@ -28,6 +28,9 @@ from eagerdecomp.decompositions.table import default_table
 from eagerdecomp.runtime.cache import KernelCache
 from eagerdecomp.runtime.core import Runtime
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 aten = torch.ops.aten
 try:  # before any backward pass: the autograd engine learns devices at its first one
     from eagerdecomp.device.refdev import reference_device

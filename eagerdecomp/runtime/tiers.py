@@ -1,0 +1,82 @@
+"""Tiers: a new key runs its decomposition directly until it proves hot, then is traced.
+
+Tracing a key's kernel costs milliseconds (fake tensors, an FX graph, its code generated);
+running the decomposition once on the call's own tensors costs about what its ops cost.
+Most keys of a short process (a test, a notebook cell, the first step of a job) are met
+once or twice, so the first :data:`TRACE_AFTER` calls of a key run *direct* (with the
+same checks against eager's meta kernel and aliasing rules a trace applies), and the
+next one traces. A key's shape family (:mod:`eagerdecomp.runtime.family`) counts its
+distinct keys: shapes that change every call make the family hot although no key repeats.
+
+A kernel another process left (the disk cache, a bundle) or a family member this
+process holds answers at once, whatever the count.
+
+``EAGERDECOMP_TRACE_AFTER=N`` sets how many calls run direct (default 2; 0 traces every
+key at its first call, as before tiers existed).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["Tiers", "trace_after"]
+
+# NOTE: a bound on the keys counted: a long run with shapes that change every call would
+# otherwise grow the table for its whole life (counts restart after a clear: only speed)
+_MAX_COUNTED = 1 << 16
+
+
+# NOTE: a shape family is hot once this many times TRACE_AFTER distinct keys of it ran direct:
+# an optimizer's parameters are a dozen keys of one family met once per step each, which
+# the first step should not pay a shape-generic trace for (the slowest kind); shapes that
+# change every step (dynamic padding) reach it within a few steps
+FAMILY_KEYS = 8
+
+
+def trace_after() -> int:
+    """The calls of a key (or its shape family) that run direct before it is traced."""
+    value = os.environ.get("EAGERDECOMP_TRACE_AFTER", "2")
+    try:
+        n = int(value)
+    except ValueError:
+        from eagerdecomp.errors import UnsupportedArgumentError
+
+        raise UnsupportedArgumentError(
+            f"EAGERDECOMP_TRACE_AFTER must be a whole number of calls (0 traces at the first call), got {value!r}"
+        ) from None
+    return max(n, 0)
+
+
+class Tiers:
+    """Counts a cache's direct calls per key and per shape family; shared by its runtimes."""
+
+    def __init__(self):
+        self._seen: dict = {}
+        self._lock = threading.Lock()
+
+    def cold(self, key, fkey=None) -> bool:
+        """Whether this call of ``key`` (of family ``fkey``, or None) runs direct; counts it."""
+        after = trace_after()  # (read per cold call: an environment lookup beside a decomposition)
+        if after <= 0:
+            return False
+        with self._lock:
+            seen = self._seen
+            n, f = seen.get(key, 0), seen.get(fkey, 0) if fkey is not None else 0
+            if n >= after or f >= after * FAMILY_KEYS:
+                return False
+            if len(seen) >= _MAX_COUNTED:
+                seen.clear()
+            seen[key] = n + 1
+            if fkey is not None and n == 0:  # (a family counts its distinct keys)
+                seen[fkey] = f + 1
+            return True
+
+    def heat(self, key) -> None:
+        """Make ``key`` hot now: its next call traces (a direct run found no path)."""
+        with self._lock:
+            self._seen[key] = 1 << 30
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()

@@ -1,0 +1,198 @@
+"""Tiers (eagerdecomp.runtime.tiers): a key's first calls run its decomposition directly,
+checked as a trace is; the next one traces; both give eager's results, bitwise alike.
+
+The property test runs each case three times under one mode: twice direct (the key is
+cold) and once from its traced kernel, and compares all three with native eager (values,
+dtypes, shapes, strides, storage offsets, aliasing, the inputs after in-place writes) and
+with each other bitwise; random ops draw from the same seed on each run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagerdecomp as ed
+from eagerdecomp.runtime.tiers import trace_after
+from eagerdecomp.testing import RecordingMode
+from tests.compare import assert_like_eager
+from tests.conformance.harness import copy_args
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ed.cache_clear()
+    yield
+    ed.cache_clear()
+
+
+def _layouts(shape, gen):
+    """The same values in several layouts: contiguous, transposed, sliced at an offset,
+    expanded (stride 0)."""
+    base = torch.randn(shape, generator=gen, dtype=torch.float64)
+    yield "contiguous", base.clone()
+    yield "transposed", base.t().contiguous().t()
+    big = torch.randn(shape[0] + 2, shape[1] * 2, generator=gen, dtype=torch.float64)
+    yield "offset slice", big[1 : shape[0] + 1, ::2]
+    yield "expanded", torch.randn(1, shape[1], generator=gen, dtype=torch.float64).expand(shape)
+
+
+# (name, fn, whether it writes its first argument); fn takes (x, y) of one shape
+CASES = {
+    "gelu": (lambda x, y: torch.nn.functional.gelu(x), False),
+    "log_softmax": (lambda x, y: torch.log_softmax(x, 1), False),
+    "addcmul_": (lambda x, y: x.addcmul_(y, y, value=0.5), True),
+    "lerp_": (lambda x, y: x.lerp_(y, 0.25), True),
+    "hardswish": (lambda x, y: torch.nn.functional.hardswish(x), False),
+    "smooth_l1": (lambda x, y: torch.nn.functional.smooth_l1_loss(x, y, reduction="none"), False),
+    "var_mean": (lambda x, y: torch.var_mean(x, dim=0, correction=1), False),
+    "logsumexp": (lambda x, y: torch.logsumexp(x, 1), False),
+    "t": (lambda x, y: x.t(), False),
+    "reshape": (lambda x, y: x.reshape(-1), False),
+    "out=": (lambda x, y: torch.special.xlogy(x.abs(), y, out=torch.empty(0, dtype=x.dtype)), False),
+    "dropout": (lambda x, y: torch.nn.functional.dropout(x, 0.3, training=True), False),
+}
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+def _same_bits(p, q) -> bool:
+    """The same tensor to the bit (NaNs included), layout included."""
+    if not isinstance(p, torch.Tensor):
+        return p == q
+    if (p.dtype, p.shape, p.stride(), p.storage_offset()) != (q.dtype, q.shape, q.stride(), q.storage_offset()):
+        return False
+    if p.dtype in _BITS:
+        return torch.equal(p.contiguous().view(_BITS[p.dtype]), q.contiguous().view(_BITS[q.dtype]))
+    return torch.equal(p, q)
+
+
+def _run(fn, x, y, seed):
+    torch.manual_seed(seed)
+    return fn(x, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(CASES))
+def test_direct_and_traced_calls_agree_bitwise_and_with_eager(name, dtype, monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    fn, writes = CASES[name]
+    gen = torch.Generator().manual_seed(hash((name, str(dtype))) % 2**31)
+    for layout, x in _layouts((5, 6), gen):
+        if writes and layout == "expanded":
+            continue  # eager refuses to write an expanded tensor in place (tested elsewhere)
+        x = x.to(dtype)
+        y = torch.randn(5, 6, generator=gen, dtype=dtype)
+        seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+        ed.cache_clear()
+        runs = []
+        with RecordingMode() as rec, ed.EagerDecompMode("core_aten") as mode:
+            for _ in range(3):  # direct, direct, traced (TRACE_AFTER=2)
+                args = copy_args((x, y))
+                runs.append((_run(fn, *args, seed), args))
+        rec.assert_only("core_aten")
+        want_args = copy_args((x, y))
+        want = _run(fn, *want_args, seed)
+        for i, (got, args) in enumerate(runs):
+            where = f"{name} {layout} {dtype}, call {i + 1}"
+            try:
+                assert_like_eager(want, got, exact=False, inputs=(list(want_args), list(args)))
+                assert_like_eager(list(want_args), list(args), exact=False)
+            except AssertionError as e:
+                raise AssertionError(f"{where}: {e}") from None
+        # the direct calls and the traced replay: the same opset ops, so the very same bits
+        for (a, _), (b, _) in zip(runs, runs[1:]):
+            for p, q in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)):
+                assert _same_bits(p, q), f"{name} {layout} {dtype}: a direct call and the traced replay differ"
+        routes = mode.report()
+        decomposed = [r for r in routes.rows if r.direct or r.traces]
+        direct = sum(r.direct for r in decomposed)
+        if name == "out=":  # an out= op traces at its first call (runtime/direct.py: tiered)
+            assert direct == 0, str(routes)
+        elif decomposed:  # (t and reshape of some layouts are views eager's own kernels serve)
+            assert direct >= 1 and sum(r.traces for r in decomposed) >= 1, str(routes)
+
+
+def test_a_key_runs_direct_then_traces_then_replays(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    x = torch.randn(4, 5)
+    traced = ed.cache_info().traced
+    with ed.EagerDecompMode("core_aten") as mode:
+        outs = [torch.nn.functional.hardswish(x) for _ in range(5)]
+    row = mode.report().row("aten.hardswish.default")
+    assert (row.direct, row.traces, row.hits) == (2, 1, 2), str(mode.report())
+    assert ed.cache_info().traced == traced + 1
+    want = torch.nn.functional.hardswish(x)
+    for o in outs:
+        assert torch.equal(o, want)
+    assert "direct" in str(mode.report()).splitlines()[0]
+
+
+def test_trace_after_zero_traces_at_the_first_call(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "0")
+    with ed.EagerDecompMode("core_aten") as mode:
+        torch.nn.functional.hardswish(torch.randn(3, 4))
+    row = mode.report().row("aten.hardswish.default")
+    assert (row.direct, row.traces) == (0, 1), str(mode.report())
+
+
+def test_a_bad_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "often")
+    with pytest.raises(ed.errors.UnsupportedArgumentError, match="EAGERDECOMP_TRACE_AFTER"):
+        trace_after()
+
+
+def test_a_shape_family_grows_hot_although_no_key_repeats(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "1")
+    from eagerdecomp.runtime.tiers import FAMILY_KEYS
+
+    n = FAMILY_KEYS + 3
+    xs = [torch.randn(3, length) for length in range(2, 2 + n)]  # a new key every call, one family
+    want = [torch.nn.functional.hardswish(x) for x in xs]
+    with ed.EagerDecompMode("core_aten") as mode:
+        got = [torch.nn.functional.hardswish(x) for x in xs]
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    row = mode.report().row("aten.hardswish.default")
+    assert row.direct == FAMILY_KEYS and row.traces + row.family >= 1, str(mode.report())
+
+
+def test_no_path_found_direct_is_remembered_and_runs_nothing_twice(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    opset = ed.OpSet.preset("core_aten") - {"aten.mul.Tensor"}
+    x = torch.randn(3)
+    for _ in range(2):
+        with pytest.raises(ed.errors.UnsupportedOpError, match="mul"):
+            with ed.EagerDecompMode(opset):
+                torch.nn.functional.silu(x)  # silu's decomposition needs mul
+    # an in-place op whose path is cut: nothing written before the error
+    y = torch.ones(3)
+    with pytest.raises(ed.errors.UnsupportedOpError):
+        with ed.EagerDecompMode(opset):
+            y.mul_(2.0)
+    assert torch.equal(y, torch.ones(3)) and y._version == 0
+
+
+def test_in_place_direct_calls_bump_versions_as_eager(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "5")
+    a, b = torch.randn(4), torch.randn(4)
+    before_a, before_b = a._version, b._version
+    a.add_(1.0).mul_(3.0)
+    with ed.EagerDecompMode("core_aten"):
+        b.add_(1.0).mul_(3.0)
+    assert b._version - before_b == a._version - before_a
+
+
+def test_a_direct_call_never_returns_its_input_memory_where_eager_does_not(monkeypatch):
+    # take() of a 0-dim input: its decomposition returns a view, eager's kernel a new tensor
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    x = torch.tensor(3.0)
+    with ed.EagerDecompMode("core_aten") as mode:
+        got = torch.take(x, torch.tensor(0))
+    assert mode.report().row("aten.take.default").direct == 1
+    assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert torch.equal(got, torch.take(x, torch.tensor(0)))
