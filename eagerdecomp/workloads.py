@@ -229,7 +229,14 @@ def build(output, opset="core_aten", workloads=("demo", "bert", "llama"), dtypes
             shutil.rmtree(output / "kernels", ignore_errors=True)  # stale: nothing in it would be read
     output.mkdir(parents=True, exist_ok=True)
     opset = OpSet.coerce(opset)
-    os.environ.update(EAGERDECOMP_CACHE_DIR=str(output), EAGERDECOMP_DISK_CACHE="1", EAGERDECOMP_DISK_EVERY_KEY="1")
+    # NOTE: every key traced at its first call (no direct tier): a bundle holds each kernel its
+    # workloads meet, not only the keys that proved hot in this one run
+    os.environ.update(
+        EAGERDECOMP_CACHE_DIR=str(output),
+        EAGERDECOMP_DISK_CACHE="1",
+        EAGERDECOMP_DISK_EVERY_KEY="1",
+        EAGERDECOMP_TRACE_AFTER="0",
+    )
     os.environ.pop("EAGERDECOMP_BUNDLE", None)  # a kernel another bundle answered would not be written here
     try:
         from eagerdecomp.device.refdev import reference_device

@@ -29,6 +29,7 @@ PACKAGE = pathlib.Path(ed.__file__).parent
 # -- a call's route is recorded once, and the profiler reads it -------------------------------
 
 
+@pytest.mark.usefixtures("trace_first")  # what a trace does (its log line, its profiler range, a remembered bypass)
 def test_remembered_bypass_is_profiled_under_eager_never_replay():
     ed.cache_clear()
 
@@ -183,6 +184,7 @@ def test_runtime_imports_nothing_of_the_coverage_tool():
 # -- seen where PyTorch users look --------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("trace_first")  # what a trace does (its log line, its profiler range, a remembered bypass)
 def test_traces_and_refusals_go_to_the_eagerdecomp_logger(caplog):
     ed.cache_clear()
     with caplog.at_level(logging.INFO, logger="eagerdecomp"):
@@ -195,6 +197,7 @@ def test_traces_and_refusals_go_to_the_eagerdecomp_logger(caplog):
     assert any("aten.histc.default" in m and "needs a data value" in m for m in messages)
 
 
+@pytest.mark.usefixtures("trace_first")  # what a trace does (its log line, its profiler range, a remembered bypass)
 @pytest.mark.parametrize("level", [None, "info"])
 def test_the_logger_is_quiet_unless_asked(level):
     script = (
@@ -208,6 +211,7 @@ def test_the_logger_is_quiet_unless_asked(level):
     assert ("[eagerdecomp INFO] aten.silu.default: traced" in err) == (level is not None)
 
 
+@pytest.mark.usefixtures("trace_first")  # what a trace does (its log line, its profiler range, a remembered bypass)
 def test_decomposed_calls_show_as_profiler_ranges():
     ed.cache_clear()
     x = torch.randn(8)

@@ -73,6 +73,7 @@ def test_the_mode_takes_its_key_and_no_python_mode():
 
 
 @needs_key
+@pytest.mark.usefixtures("trace_first")  # counts C++ hits of traced kernels
 def test_results_and_gradients_equal_native_and_autograd_records_the_users_ops():
     model, x = model_and_data()
     ref_loss, ref_grads = grads(model, x)

@@ -28,7 +28,7 @@ Example::
     ...     return gm.forward
     >>> x, y = torch.randn(64), torch.randn(64)
     >>> with ed.EagerDecompMode("core_aten", compile=my_compiler) as m:
-    ...     for _ in range(5):
+    ...     for _ in range(7):   # direct twice, traced, replayed twice, then compiled
     ...         z = torch.logaddexp(x, y)
     >>> len(seen), m.report().row("aten.logaddexp.default").compiled
     (1, 1)

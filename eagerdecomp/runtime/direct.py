@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from eagerdecomp.ops.attribution import warn_as_eager
+from eagerdecomp.ops.checks import check
 from eagerdecomp.runtime.exact import (
     check_devices,
     concrete_fake_mode,
@@ -107,13 +108,16 @@ def _plain(tensors) -> bool:
     return True
 
 
-def _reference(func, args, kwargs, tensors):
+def _reference(func, args, kwargs, tensors, known=None):
     """Eager's metadata for the call, as a trace takes it (:func:`reference`, ``refuse=True``).
 
     NOTE: over this thread's one fake mode and fakes built from sizes and strides where the
     tensors allow it: a fresh FakeTensorMode and ``from_tensor`` per call cost more than most
     decompositions' ops (4 ms against tens of microseconds), which is what this tier saves.
     """
+    if known is not None:  # this key's metadata, taken at an earlier direct call of it
+        check(func, args, kwargs)  # (what eager refuses by value, which the key does not hold)
+        return known, None
     with _disable_current_modes():  # the meta kernel's calls are no mode's to see
         if tensors is not None and _plain(tensors):
             mode = concrete_fake_mode(tensors)
@@ -125,16 +129,17 @@ def _reference(func, args, kwargs, tensors):
         return refused(reference(func, args, kwargs, refuse=True))
 
 
-def run_direct(func, args, kwargs, opset, table, tensors=None):
-    """``(func(*args, **kwargs), the opset ops that ran)``: the call decomposed into ``opset`` on
-    its own tensors, eager-exact; ``tensors``: the call's tensors in key order
-    (:func:`~eagerdecomp.runtime.key.make_key`).
+def run_direct(func, args, kwargs, opset, table, tensors=None, known=None):
+    """``(func(*args, **kwargs), the opset ops that ran, eager's metadata)``: the call decomposed
+    into ``opset`` on its own tensors, eager-exact; ``tensors``: the call's tensors in key order
+    (:func:`~eagerdecomp.runtime.key.make_key`); ``known``: the metadata an earlier direct call
+    of the same key returned (it depends on nothing else the key does not hold).
 
     Raises :class:`Stuck` when the op has no path and nothing was written or drawn yet (the
     caller may trace it and take the no-path route), :class:`Unfinished` when something was.
     """
     check_devices(func, flat_tensors(args, kwargs) if tensors is None else tensors, args, kwargs)
-    ref, refusal = _reference(func, args, kwargs, tensors)
+    ref, refusal = _reference(func, args, kwargs, tensors, known)
     if refusal is not None and func._schema.is_mutable:  # refused before anything is written
         raise refusal.error
     emit = _Emit()
@@ -156,4 +161,4 @@ def run_direct(func, args, kwargs, opset, table, tensors=None):
         warn_as_eager(text)
     if refusal is not None:  # the decomposition computed something where eager refuses
         raise refusal.error
-    return tree_unflatten(flat, spec), emit.ops
+    return tree_unflatten(flat, spec), emit.ops, ref

@@ -27,8 +27,8 @@ Example::
     >>> mode = ed.EagerDecompMode("core_aten")
     >>> x = torch.randn(8)
     >>> with mode:
-    ...     for _ in range(3):
-    ...         y = torch.nn.functional.silu(x)   # traced, then served by its program
+    ...     for _ in range(5):
+    ...         y = torch.nn.functional.silu(x)   # direct twice, traced, then served by its program
     >>> row = mode.report().row(torch.ops.aten.silu.default)
     >>> row.cpp_hits if hits.enabled() else 2   # C++ hits (0 on the pure-Python path)
     2

@@ -53,6 +53,7 @@ class Tiers:
 
     def __init__(self):
         self._seen: dict = {}
+        self._refs: dict = {}  # key -> eager's metadata for it (exact.reference), while it is cold
         self._lock = threading.Lock()
 
     def cold(self, key, fkey=None) -> bool:
@@ -64,13 +65,27 @@ class Tiers:
             seen = self._seen
             n, f = seen.get(key, 0), seen.get(fkey, 0) if fkey is not None else 0
             if n >= after or f >= after * FAMILY_KEYS:
+                self._refs.pop(key, None)  # (traced now: the trace takes its own)
                 return False
             if len(seen) >= _MAX_COUNTED:
                 seen.clear()
+                self._refs.clear()
             seen[key] = n + 1
             if fkey is not None and n == 0:  # (a family counts its distinct keys)
                 seen[fkey] = f + 1
             return True
+
+    def known(self, key):
+        """Eager's metadata for ``key`` that an earlier direct call kept, or None."""
+        return self._refs.get(key)
+
+    def keep(self, key, ref) -> None:
+        """Keep ``ref`` (eager's metadata for ``key``; None: the op has no meta kernel) for the
+        key's next direct calls: the meta kernel, over fake tensors, costs more than most
+        decompositions' own ops."""
+        if ref is not None:
+            with self._lock:
+                self._refs[key] = ref
 
     def heat(self, key) -> None:
         """Make ``key`` hot now: its next call traces (a direct run found no path)."""
@@ -80,3 +95,4 @@ class Tiers:
     def clear(self) -> None:
         with self._lock:
             self._seen.clear()
+            self._refs.clear()

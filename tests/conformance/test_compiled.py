@@ -18,6 +18,9 @@ import torch
 from .conftest import _op_db
 from .harness import compiled, run_sample
 
+# tests of what a traced kernel does: every key traced at its first call (conftest.trace_first)
+pytestmark = pytest.mark.usefixtures("trace_first")
+
 SLICE = (
     "logaddexp",
     "lerp",

@@ -65,7 +65,8 @@ def _python(script, args, env):
 
 
 def _use(tmp_path, lengths, bundle_dir=None, name="own"):
-    env = {"EAGERDECOMP_CACHE_DIR": str(tmp_path / name), "EAGERDECOMP_DISK_CACHE": "1"}
+    # (every key traced at its first call: the counts compare traces, in every fixture's process)
+    env = {"EAGERDECOMP_CACHE_DIR": str(tmp_path / name), "EAGERDECOMP_DISK_CACHE": "1", "EAGERDECOMP_TRACE_AFTER": "0"}
     if bundle_dir is not None:
         env["EAGERDECOMP_BUNDLE"] = str(bundle_dir)
     out = _python(USE, lengths, env)
