@@ -19,6 +19,12 @@ other device. The patched places are listed in :data:`PREDICATES` and :data:`INL
 their reasons; :func:`install` fails if one of Inductor's tests is not where it was, and the test
 (tests/device/test_inductor.py) checks that Inductor writes the same kernels for the device as
 for CPU, so a PyTorch upgrade that adds a check shows there.
+
+Not claimed: oneDNN (``SUPPORTED_MKLDNN_DEVICES``), so Inductor keeps a GPU's layout choice for
+convolutions (CPU's channels-last choice made the fake convolution disagree with the device's).
+NOTE: Inductor's on-disk FX graph cache keys on its own source, not on these patches; code it
+cached for the device before they existed (pointwise graphs only: nothing else compiled) is
+still correct, written with GPU heuristics.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ def _patch(host: str) -> None:
 
     @functools.wraps(cpu_inputs)
     def is_cpu_device(inputs) -> bool:
-        return all(t.device.type in ("cpu", host) for t in inputs if isinstance(t, torch.Tensor)) or cpu_inputs(inputs)
+        return all(t.device.type in ("cpu", host) for t in inputs if isinstance(t, torch.Tensor))
 
     pre_grad.is_cpu_device = is_cpu_device
 

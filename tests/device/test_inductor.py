@@ -156,14 +156,22 @@ def _check_training(make, batch, steps=2, same_kernels=True, step_fn=None):
     with sdpa_kernel(SDPBackend.MATH):
         want, want_state, cpu_code = _train(make, batch, "cpu", steps, fresh=same_kernels, step_fn=step_fn)
     got, got_state, dev_code = _train(make, batch, DEV, steps, fresh=same_kernels, step_fn=step_fn)
+    if same_kernels:
+        _assert_same_kernels(dev_code, cpu_code)
     for (gl, gg), (wl, wg) in zip(got, want):
         _check_same(gl, wl)
         for a, b in zip(gg, wg):
             _check_same(a, b)
+    # NOTE: a gradient that is zero in exact arithmetic (the attention's key bias: softmax does
+    # not see a shift) is rounding noise, which AdamW divides by its own RMS into steps of size lr:
+    # such elements are compared by their gradients above, not by the parameters they move
+    names = [n for n, _ in make().named_parameters()]
+    noise = {n: torch.stack([g[i] for _, g in want]).abs().amax(0).cpu() < 1e-6 for i, n in enumerate(names)}
     for name, w in want_state.items():
-        _check_same(got_state[name], w)
-    if same_kernels:
-        _assert_same_kernels(dev_code, cpu_code)
+        g = got_state[name]
+        assert g.device == DEV and (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        keep = ~noise[name] if name in noise else torch.ones_like(w, dtype=torch.bool)
+        torch.testing.assert_close(g.cpu()[keep], w[keep], msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.heavy
@@ -199,7 +207,7 @@ def test_compiled_llama_trains_as_on_cpu():
     from eagerdecomp.workloads import VOCAB
 
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
-    _check_training(_llama, (ids, ids), steps=2, step_fn=lambda m, x, y: m(input_ids=x, labels=y).loss)
+    _check_training(_llama, (ids, ids.clone()), steps=2, step_fn=lambda m, x, y: m(input_ids=x, labels=y).loss)
 
 
 @pytest.mark.heavy
