@@ -62,7 +62,12 @@ INLINE = [
     ("lowering", "cat", 'inputs[0].get_device().type == "cpu"', "int8 cat falls back (the C++ generator's vectors)"),
     ("lowering", "_pad_as_cat", 'device is not None and device.type == "cpu"', "CPU's cat is a ConcatKernel"),
     ("lowering", "_make_reduction_inner", 'ir.get_device_type(x) == "cpu"', "argmax/argmin on strided inputs"),
-    ("lowering", "quantized_decomposed_quantize_per_tensor_tensor", 'device and device.type == "cpu"', "CPU's rounding"),
+    (
+        "lowering",
+        "quantized_decomposed_quantize_per_tensor_tensor",
+        'device and device.type == "cpu"',
+        "CPU's rounding",
+    ),
     ("lowering", "bernoulli_", 'x.get_device() == torch.device("cpu")', "bernoulli_ has CPU's lowering"),
     ("lowering", "bernoulli_p", 'x.get_device() == torch.device("cpu")', "(the same)"),
     ("decomposition", "bmm", 'self.device.type == "cpu"', "CPU's small-bmm decomposition"),
