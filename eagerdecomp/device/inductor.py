@@ -38,6 +38,8 @@ import threading
 
 import torch
 
+from eagerdecomp.errors import BackendError
+
 __all__ = ["PREDICATES", "INLINE", "install", "installed"]
 
 # Inductor's predicates, replaced by ones that answer for the reference device as for "cpu":
@@ -96,7 +98,10 @@ def install(device_type: str) -> None:
         if _installed == device_type:
             return
         if _installed is not None:
-            raise RuntimeError(f"Inductor's CPU checks are patched for {_installed!r} already, not {device_type!r}")
+            raise BackendError(
+                f"Inductor's CPU checks are patched for {_installed!r} already, not {device_type!r}; expected "
+                "one host-memory device per process (PrivateUse1 is one dispatch key)"
+            )
         _patch(device_type)
         _installed = device_type
 
@@ -105,6 +110,8 @@ def _patch(host: str) -> None:
     from torch._inductor import ir, scheduler, utils
     from torch._inductor.codegen import common
     from torch._inductor.fx_passes import pre_grad
+
+    rewrites = _inline_rewrites(host)  # first: a test that moved raises before anything changes
 
     def host_type(t: str | None) -> str | None:
         return "cpu" if t == host else t
@@ -139,7 +146,8 @@ def _patch(host: str) -> None:
 
     pre_grad.is_cpu_device = is_cpu_device
 
-    _rewrite_inline(host)
+    for fn, code in rewrites:
+        fn.__code__ = code  # (the same function object: every registration of it sees the change)
 
 
 def _host_test(test: str, host: str) -> str:
@@ -153,7 +161,9 @@ def _host_test(test: str, host: str) -> str:
     )
 
 
-def _rewrite_inline(host: str) -> None:
+def _inline_rewrites(host: str) -> list:
+    """(function, its code with the device tests rewritten) for :data:`INLINE`; changes nothing."""
+    out = []
     edits: dict[tuple[str, str], list[str]] = {}
     for module, name, test, _ in INLINE:
         edits.setdefault((module, name), []).append(test)
@@ -165,7 +175,7 @@ def _rewrite_inline(host: str) -> None:
         source = textwrap.dedent(inspect.getsource(fn))
         for test in tests:
             if test not in source:
-                raise RuntimeError(
+                raise BackendError(
                     f"torch._inductor.{module}.{name} no longer tests {test!r}; expected the torch version "
                     f"eagerdecomp.device.inductor was written for (2.13), found {torch.__version__}"
                 )
@@ -176,4 +186,5 @@ def _rewrite_inline(host: str) -> None:
         code = compile(tree, fn.__code__.co_filename, "exec")
         (new,) = [c for c in code.co_consts if inspect.iscode(c) and c.co_name == fn.__name__]
         assert new.co_freevars == fn.__code__.co_freevars, (module, name)
-        fn.__code__ = new
+        out.append((fn, new))
+    return out

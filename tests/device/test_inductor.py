@@ -114,18 +114,27 @@ def test_index_copy_into_a_buffer_compiles_and_matches():
 
 
 def test_inductors_cpu_checks_answer_for_edref_only():
-    from torch._inductor import ir
-    from torch._inductor.utils import get_current_backend
+    from torch._inductor import ir, utils
 
     from eagerdecomp.device import inductor
 
     torch.compile(lambda t: t + 1)(torch.ones(2, device=DEV))  # Inductor's backends registered
     assert inductor.installed() == DEV.type
+    get_current_backend = utils.get_current_backend  # (patched: looked up after)
     assert get_current_backend(DEV.type) == get_current_backend("cpu") == "cpp"
     assert ir.is_cpu(DEV) and ir.is_cpu(torch.device("cpu")) and not ir.is_cpu(torch.device("meta"))
     assert get_current_backend("cuda") != "cpp"  # other devices keep Inductor's answers
-    with pytest.raises(RuntimeError, match="patched for 'edref' already"):
+    with pytest.raises(BackendError, match="patched for 'edref' already"):
         inductor.install("edprims")
+
+
+def test_a_check_that_moved_in_inductor_is_named_before_anything_changes(monkeypatch):
+    from eagerdecomp.device import inductor
+
+    moved = ("lowering", "div_prim", 'a.get_device().type == "xpu"', "(a test torch no longer has)")
+    monkeypatch.setattr(inductor, "INLINE", [*inductor.INLINE, moved])
+    with pytest.raises(BackendError, match=r"lowering\.div_prim no longer tests"):
+        inductor._inline_rewrites("edref")
 
 
 def _train(make, batch, device, steps, fresh=False, step_fn=None):
