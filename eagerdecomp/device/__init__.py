@@ -1,6 +1,7 @@
 """The device side: the switch that sends a device's missing ops through eagerdecomp
 (:mod:`~eagerdecomp.device.switch`), the reference device ``edref``
-(:mod:`~eagerdecomp.device.refdev`) and its process group (:mod:`~eagerdecomp.device.refdev_dist`)."""
+(:mod:`~eagerdecomp.device.refdev`), its process group (:mod:`~eagerdecomp.device.refdev_dist`)
+and Inductor's CPU checks answered for it (:mod:`~eagerdecomp.device.inductor`)."""
 
 from eagerdecomp.device.switch import (
     DISPATCH_KEYS,

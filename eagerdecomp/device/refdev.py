@@ -217,8 +217,11 @@ def _inductor_codegen(name: str):
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
+    from eagerdecomp.device import inductor
+
     # Dynamo and Inductor ask the device's interface for streams, events and properties: the CPU's
     register_interface_for_device(_loaded, CpuInterface)
+    inductor.install(_loaded)  # and Inductor's own checks for a CPU must say yes (see there)
     register_device_op_overrides(_loaded, CpuDeviceOpOverrides())  # what the wrapper emits per device: the CPU's
     return {
         "Scheduling": CppScheduling,
