@@ -15,7 +15,8 @@ with ``ed.enable(dev)`` and on CPU with no mode, one thread:
    tensors out), and a decomposed op served by the switch vs its one core op called on edref (the
    C++ hit path: key, lookup, program);
 5. with ``--perf-steps N`` and Linux ``perf`` on PATH: CPU samples (all threads) of N warm steps on
-   each side, grouped by the code they land in, as microseconds per step.
+   each side (in four processes per side, taken in turn), grouped by the code they land in, as
+   microseconds per step.
 """
 
 from __future__ import annotations
@@ -204,25 +205,31 @@ def _loop(name: str, side: str, steps: int, ctl: str) -> None:
         f.write("disable\n")
 
 
-def perf_buckets(name: str, steps: int, freq: int = 1000) -> dict:
-    """{bucket: (CPU us per step, edref us per step)} from perf's samples of each side's steps."""
+def perf_buckets(name: str, steps: int, chunks: int = 4, freq: int = 1000) -> dict:
+    """{bucket: (CPU us per step, edref us per step)} from perf's samples of each side's steps,
+    recorded in ``chunks`` processes per side taken in turn (a machine whose load changes then
+    weighs on both sides alike)."""
     out = collections.defaultdict(lambda: [0.0, 0.0])
+    per = max(1, steps // chunks)
     with tempfile.TemporaryDirectory() as tmp:
-        for i, side in enumerate(("cpu", "edref")):
-            ctl, data = os.path.join(tmp, "ctl"), os.path.join(tmp, f"{side}.data")
-            os.mkfifo(ctl)
-            record = f"perf record -q -D -1 --control=fifo:{ctl} -F {freq} -o {data}".split()
-            loop = [sys.executable, __file__, "--loop", name, side, str(steps), ctl]
-            subprocess.run(record + loop, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            os.unlink(ctl)
-            report = f"perf report -i {data} --no-children --sort dso,sym -g none --percent-limit 0 --show-nr-samples"
-            report = subprocess.run(report.split(), check=True, capture_output=True, text=True).stdout
-            for line in report.splitlines():
-                m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
-                if m:
-                    lib, sym = m.group(2), m.group(3)
-                    bucket = next(b for b, test in BUCKETS if test(lib, sym))
-                    out[bucket][i] += int(m.group(1)) / freq / steps * 1e6
+        for _ in range(chunks):
+            for i, side in enumerate(("cpu", "edref")):
+                ctl, data = os.path.join(tmp, "ctl"), os.path.join(tmp, f"{side}.data")
+                os.mkfifo(ctl)
+                record = f"perf record -q -D -1 --control=fifo:{ctl} -F {freq} -o {data}".split()
+                loop = [sys.executable, __file__, "--loop", name, side, str(per), ctl]
+                subprocess.run(record + loop, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                os.unlink(ctl)
+                report = (
+                    f"perf report -i {data} --no-children --sort dso,sym -g none --percent-limit 0 --show-nr-samples"
+                )
+                report = subprocess.run(report.split(), check=True, capture_output=True, text=True).stdout
+                for line in report.splitlines():
+                    m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
+                    if m:
+                        lib, sym = m.group(2), m.group(3)
+                        bucket = next(b for b, test in BUCKETS if test(lib, sym))
+                        out[bucket][i] += int(m.group(1)) / freq / (per * chunks) * 1e6
     return dict(out)
 
 
