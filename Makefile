@@ -134,6 +134,7 @@ bench: install
 	$(PY) bench/step.py --json bench/results/step.json
 	$(PY) bench/device.py --json bench/results/device.json
 	$(PY) bench/inductor.py --steps 20 --json bench/results/inductor.json
+	$(PY) bench/device_profile.py --perf-steps 2000 --json bench/results/device_profile.json
 	$(PY) bench/micro.py --json bench/results/micro.json
 	$(PY) bench/threads.py --json bench/results/threads.json
 	$(PY) bench/threads.py --native --pytorch-pitfalls --rounds 25 --json bench/results/threads-pitfalls.json

@@ -75,3 +75,30 @@ def test_foreach_maximum_and_minimum_with_scalars(dtype):
         _check(aten._foreach_minimum.Scalar, tensors, scalar)
     _check(aten._foreach_maximum.ScalarList, tensors, [0.5, -1])
     _check(aten._foreach_minimum.ScalarList, tensors, [3, math.nan])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("stats", [True, False], ids=["running-stats", "no-stats"])
+def test_native_batch_norm_in_training_is_the_legit_kernel(dtype, stats):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 5, 5, generator=g).to(dtype)
+    w, b = torch.randn(3, generator=g).to(dtype), torch.randn(3, generator=g).to(dtype)
+    mean, var = (torch.randn(3).to(dtype), torch.rand(3).to(dtype) + 0.5) if stats else (None, None)
+    for inp in (x, x.to(memory_format=torch.channels_last)):
+        for weight, bias in ((w, b), (None, None)):
+            # exact: outputs (values, dtypes, strides) and the running statistics written in place
+            _check(aten.native_batch_norm.default, inp, weight, bias, mean, var, True, 0.1, 1e-5)
+    m, v = (mean.clone(), var.clone()) if stats else (None, None)
+    with ed.testing.RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        aten.native_batch_norm.default(x, w, b, m, v, True, 0.1, 1e-5)
+    legit = aten._native_batch_norm_legit.default if stats else aten._native_batch_norm_legit.no_stats
+    assert dict(rec.ops) == {legit: 1}  # one kernel, not PyTorch's ~35 ops
+    if stats:
+        assert (m._version, v._version) == (0, 0)  # as eager: native_batch_norm's schema writes nothing
+
+
+def test_native_batch_norm_in_evaluation_keeps_pytorchs_decomposition():
+    x, mean, var = torch.randn(4, 3, 5), torch.randn(3), torch.rand(3) + 0.5
+    with ed.testing.RecordingMode() as rec, ed.EagerDecompMode("core_aten"):
+        aten.native_batch_norm.default(x, None, None, mean, var, False, 0.1, 1e-5)
+    assert aten._native_batch_norm_legit_no_training.default not in rec.ops
