@@ -244,8 +244,10 @@ NO_GIL = textwrap.dedent(
 
     ed.cache_clear()
     cold = during_hold(polls=3000)  # misses: Python answers them, which needs the GIL
-    for _ in range(2):
-        during_hold(polls=10**9)  # warm every key (a key's program is installed after its first replay)
+    from eagerdecomp.runtime.tiers import trace_after
+    for _ in range(trace_after() + 2):  # warm every key, without a hold: its direct calls, its trace
+        run_backward((loss,), (grad,), True, False, (), allow_unreachable=True, accumulate_grad=True)
+    # (and its first replay, after which its program is installed)
     warm = during_hold(polls=10**9)
     print(json.dumps({"N": N, "cold": cold, "warm": warm}))
     """

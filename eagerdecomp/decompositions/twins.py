@@ -89,12 +89,15 @@ def add_relu_scalar(self, other, alpha=1):
 # 367 kernels where it is now 303). Evaluation keeps PyTorch's decomposition: there the saved statistics differ by
 # device (CPU's are empty, other devices' and the meta kernel's are per channel), and so do out=
 # calls that follow the meta kernel; so do running statistics given for one of mean and variance
-# only (no legit overload takes that, eager raises).
+# only (no legit overload takes that, eager raises), and mixed dtypes (a bfloat16 input with
+# float32 parameters under autocast: native_batch_norm saves its statistics in the input's dtype,
+# the legit op in float32).
 @project_decomposition(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training and running_mean is None and running_var is None:
+    mixed = any(t is not None and t.dtype != input.dtype for t in (weight, bias, running_mean, running_var))
+    if training and not mixed and running_mean is None and running_var is None:
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
-    if training and running_mean is not None and running_var is not None:
+    if training and not mixed and running_mean is not None and running_var is not None:
         return aten._native_batch_norm_legit.default(
             input, weight, bias, running_mean, running_var, training, momentum, eps
         )
