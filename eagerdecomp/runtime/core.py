@@ -320,7 +320,8 @@ class Runtime:
             key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
         try:
             return family_key(func, key, tensors, int_paths(symint_positions(func), args, kwargs), key_args, key_kwargs)
-        except NotGeneric:
+        except NotGeneric as e:
+            self.stats.exact_shapes(func, e.reason)  # (why this call keeps an exact-shape kernel)
             return None
 
     def _direct(self, func, args, kwargs, key, tensors):
@@ -474,13 +475,13 @@ class Runtime:
             if kernel is not None:
                 self._tls.answer = DISK
                 return kernel
-        if (
-            key is not None
-            and tiered(func)
-            and self.cache.tiers.cold(key, self._family_key(func, args, kwargs, key, tensors, lifted))
-        ):
+        fkey = self._family_key(func, args, kwargs, key, tensors, lifted) if generic else None
+        tiers = self.cache.tiers
+        if key is not None and tiered(func) and tiers.cold(key, fkey):
             raise _Cold  # (nothing stored: the next call of this key asks again)
-        if generic:
+        # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
+        # a second shape, never for a key whose shape is the only one its program uses
+        if generic and (not tiered(func) or tiers.varies(fkey)):
             kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
             if kernel is not None:
                 return kernel

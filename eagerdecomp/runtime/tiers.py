@@ -75,6 +75,11 @@ class Tiers:
                 seen[fkey] = f + 1
             return True
 
+    def varies(self, fkey) -> bool:
+        """Whether family ``fkey`` has met more than one shape (always, with tiers off: every
+        key is then traced at its first call, shape-generic where it can be, as before tiers)."""
+        return fkey is not None and (trace_after() <= 0 or self._seen.get(fkey, 0) >= 2)
+
     def known(self, key):
         """Eager's metadata for ``key`` that an earlier direct call kept, or None."""
         return self._refs.get(key)
