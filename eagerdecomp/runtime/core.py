@@ -348,20 +348,12 @@ class Runtime:
         self.stats.record(func, Route.DIRECT, None, None)
         return out
 
-    def _from_family(self, func, args, kwargs, tensors, lifted, key, in_memory=False):
-        """A shape-generic kernel for this call (found or traced), or None: trace an exact one.
-        ``in_memory``: only a member this process holds, never the disk or a trace."""
-        key_args, key_kwargs = args, kwargs
-        if lifted:
-            key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
+    def _from_family(self, func, args, kwargs, tensors, lifted, key, fkey, in_memory=False):
+        """A shape-generic kernel for this call of family ``fkey`` (:meth:`_family_key`), found or
+        traced, or None: trace an exact one. ``in_memory``: only a member this process holds,
+        never the disk or a trace."""
         paths = int_paths(symint_positions(func), args, kwargs)
         ints = read_ints(paths, args, kwargs)
-        try:
-            fkey = family_key(func, key, tensors, paths, key_args, key_kwargs)
-        except NotGeneric as e:
-            if not in_memory:  # (counted once: by the full look that follows)
-                self.stats.exact_shapes(func, e.reason)
-            return None
         eager = []  # the op's meta kernel on this call, made once and only when a guard holds
 
         def ref():
@@ -463,11 +455,15 @@ class Runtime:
                 log.info("%s: no path to the opset (%s: no decomposition)", func, chain[-1])
                 return Unsupported(chain, "no decomposition")
         store = self._store()
-        generic = key is not None and family_enabled()
+        fkey = self._family_key(func, args, kwargs, key, tensors, lifted) if key is not None else None
         # NOTE: a family this process holds answers first: a shape that changes every call
         # would otherwise look the disk up (or run direct) for each new key (a proved family's
         # keys are never written there)
-        kernel = self._from_family(func, args, kwargs, tensors, lifted, key, in_memory=True) if generic else None
+        kernel = (
+            self._from_family(func, args, kwargs, tensors, lifted, key, fkey, in_memory=True)
+            if fkey is not None
+            else None
+        )
         if kernel is not None:
             return kernel
         if store is not None and key is not None:
@@ -475,14 +471,13 @@ class Runtime:
             if kernel is not None:
                 self._tls.answer = DISK
                 return kernel
-        fkey = self._family_key(func, args, kwargs, key, tensors, lifted) if generic else None
         tiers = self.cache.tiers
         if key is not None and tiered(func) and tiers.cold(key, fkey):
             raise _Cold  # (nothing stored: the next call of this key asks again)
         # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
         # a second shape, never for a key whose shape is the only one its program uses
-        if generic and (not tiered(func) or tiers.varies(fkey)):
-            kernel = self._from_family(func, args, kwargs, tensors, lifted, key)
+        if fkey is not None and (not tiered(func) or tiers.varies(fkey)):
+            kernel = self._from_family(func, args, kwargs, tensors, lifted, key, fkey)
             if kernel is not None:
                 return kernel
         t0 = time.perf_counter()
