@@ -196,3 +196,54 @@ def test_a_direct_call_never_returns_its_input_memory_where_eager_does_not(monke
     assert mode.report().row("aten.take.default").direct == 1
     assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert torch.equal(got, torch.take(x, torch.tensor(0)))
+
+
+def test_threads_share_a_cold_key_and_each_gets_eagers_result(monkeypatch):
+    # several threads meet the same keys while they are cold, hot and traced: every call's result
+    # is eager's, whichever tier served it (the counts are shared under a lock)
+    import threading
+
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "3")
+    xs = [torch.randn(7, 5) for _ in range(8)]
+    want = [(torch.nn.functional.hardswish(x), torch.logsumexp(x, 1)) for x in xs]
+    got: dict = {}
+    errors = []
+
+    def work(i):
+        try:
+            with ed.EagerDecompMode("core_aten"):
+                got[i] = [(torch.nn.functional.hardswish(x), torch.logsumexp(x, 1)) for x in xs]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(4):
+        for (w1, w2), (g1, g2) in zip(want, got[i]):
+            assert _same_bits(w1, g1) or torch.allclose(w1, g1, rtol=1e-6, atol=1e-7)
+            assert torch.allclose(w2, g2, rtol=1e-6, atol=1e-6) and w2.stride() == g2.stride()
+
+
+def test_direct_calls_on_arguments_that_share_memory_match_eager(monkeypatch):
+    # one tensor twice, and two overlapping views of one storage: the full reference path
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    base = torch.randn(6, 8)
+    a, b = base[:, :5], base[:, 3:]
+    cases = [
+        lambda: torch.nn.functional.smooth_l1_loss(base, base, reduction="none"),
+        lambda: torch.nn.functional.smooth_l1_loss(a, b, reduction="none"),
+        lambda: torch.lerp(a, b, 0.3),
+    ]
+    for fn in cases:
+        want = fn()
+        with ed.EagerDecompMode("core_aten") as mode:
+            got = [fn() for _ in range(3)]  # direct, direct, traced
+        assert sum(r.direct for r in mode.report().rows) >= 1, str(mode.report())
+        for g in got:
+            assert g.shape == want.shape and g.stride() == want.stride()
+            torch.testing.assert_close(g, want, rtol=1e-6, atol=1e-6)
+        assert _same_bits(got[0], got[2])
