@@ -57,6 +57,7 @@ def test_python_path_reasons_are_reported():
 
 
 @needs_key
+@pytest.mark.usefixtures("trace_first")  # counts the C++ hit of a traced kernel
 def test_the_mode_takes_its_key_and_no_python_mode():
     x = torch.randn(4)
     with ed.EagerDecompMode("core_aten") as mode:
