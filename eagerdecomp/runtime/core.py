@@ -475,7 +475,7 @@ class Runtime:
         if key is not None and tiered(func) and tiers.cold(key, fkey):
             raise _Cold  # (nothing stored: the next call of this key asks again)
         # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
-        # a second shape, never for a key whose shape is the only one its program uses
+        # enough shapes (tiers.FAMILY_SHAPES), never for a key whose shape is its program's only one
         if fkey is not None and (not tiered(func) or tiers.varies(fkey)):
             kernel = self._from_family(func, args, kwargs, tensors, lifted, key, fkey)
             if kernel is not None:
