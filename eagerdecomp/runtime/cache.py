@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import cachetools
 
+from eagerdecomp.runtime.miss import Answer
 from eagerdecomp.runtime.tiers import Tiers
 from eagerdecomp.runtime.trace import traced
 
@@ -97,6 +98,9 @@ class _Flight:
         self.done = threading.Event()
 
 
+_COLD = Answer.COLD
+
+
 class KernelCache:
     def __init__(self, maxsize: int = DEFAULT_MAXSIZE):
         self._lru = cachetools.LRUCache(maxsize=maxsize)
@@ -124,7 +128,9 @@ class KernelCache:
             return entry
 
     def get_or_make(self, key, make: Callable, *args) -> tuple:
-        """``(entry, made)``: the entry for ``key``, calling ``make(*args)`` to build it on a miss.
+        """``(entry, answer)``: the entry for ``key`` and None on a hit; on a miss, what
+        ``make(*args)`` returned, ``(entry, answer)`` (:class:`~eagerdecomp.runtime.miss.Answer`),
+        stored unless the answer is ``COLD`` (nothing made: the key's next call asks again).
 
         One thread makes a key at a time; the others wait for it. ``make`` runs without
         the lock held; if it raises, nothing is stored and the error propagates.
@@ -134,7 +140,7 @@ class KernelCache:
                 entry = self._lru.get(key)
                 if entry is not None:
                     self.hits += 1
-                    return entry, False
+                    return entry, None
                 flight = self._flights.get(key)
                 mine = flight is None
                 if mine:
@@ -142,10 +148,11 @@ class KernelCache:
                     flight = self._flights[key] = _Flight()
             if mine:
                 try:
-                    entry = make(*args)
-                    with self._lock:
-                        self._lru[key] = entry
-                    return entry, True
+                    entry, answer = made = make(*args)
+                    if answer is not _COLD:
+                        with self._lock:
+                            self._lru[key] = entry
+                    return made
                 finally:
                     with self._lock:
                         self._flights.pop(key, None)
@@ -153,7 +160,7 @@ class KernelCache:
             if flight.owner == threading.get_ident():
                 # NOTE: the same thread re-entering a key it is tracing would wait for itself
                 # forever; make it again, uncached (the outer trace stores its own).
-                return make(*args), True
+                return make(*args)
             flight.done.wait()  # then look again: the entry is there, or that trace failed
 
     def family(self, fkey):

@@ -57,6 +57,7 @@ from eagerdecomp.runtime.host import HostTier, device_of, untraceable
 from eagerdecomp.runtime.key import Bypass, make_key
 from eagerdecomp.runtime.lift import LiftRefused, lift_positions, split, wrapped_positions
 from eagerdecomp.runtime.lower import Lowerer, Stuck
+from eagerdecomp.runtime.miss import Answer, Miss
 from eagerdecomp.runtime.observe import log, profiling, ranged
 from eagerdecomp.runtime.quiet import issue_once, quiet, replay_once
 from eagerdecomp.runtime.replay import Kernel
@@ -109,7 +110,7 @@ class Runtime:
         self._routes: dict = {}
         self._lift: dict = {}  # op -> positions of floats to lift; () = key them by value
         self.composites: dict = {}  # op -> composite dispatch key to run when it has no path (device switch)
-        self._tls = threading.local()  # per call: what answered a miss without a trace (FAMILY, DISK)
+        self._tls = threading.local()  # per thread: a call from the mode's C++ key (cxx) and its program (offer)
         self.store = store  # the persistent kernel cache (eagerdecomp.disk), or None
         self.compiler = compiler  # compiles hot kernels (eagerdecomp.compiled), or None
         # the C++ hit path (eagerdecomp.runtime.hits): None on the pure-Python path; under compile=
@@ -184,7 +185,8 @@ class Runtime:
 
     @below_forward_ad
     def _decompose(self, func, args, kwargs):
-        """The Python path: key, look up (trace on a miss), replay; then install the program."""
+        """The Python path: key the call, look its entry up (a miss decides how it is made:
+        direct, a family's kernel, the disk, a trace), run it; then install the key's program."""
         table = self.hits
         if table is not None and self.compiler is None and not self.cache.programs_read and self._store() is not None:
             # the first miss over this cache: install the programs earlier processes wrote
@@ -203,87 +205,87 @@ class Runtime:
             key, tensors = make_key(func, key_args, key_kwargs)
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
-        stats = self.stats
-        tls = self._tls
-        try:
-            entry, made = self.cache.get_or_make(key, self._trace, func, args, kwargs, tensors, lifted, key)
-        except _Cold:
-            return self._direct(func, args, kwargs, key, tensors)
-        cache = "miss" if made else "hit"
+        miss = Miss(func, args, kwargs, key, tensors, lifted)
+        entry, answer = self.cache.get_or_make(key, self._answer, miss)
+        if answer is Answer.COLD:
+            return self._direct(miss)
         if type(entry) is Kernel:
-            if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
-                stats.record_kernel(entry)
-            inputs = tensors + [v for _, v in lifted] if lifted else tensors
-            if entry.ints:  # a shape-generic kernel's int arguments are inputs too
-                inputs = inputs + read_ints(entry.ints, args, kwargs)
-            if made and tls.answer is FAMILY:  # a shape-generic kernel answered a new exact key: no trace
-                return self._replay_family(func, args, kwargs, key, entry, tensors, inputs, tls.member, len(lifted))
-            elif made and tls.answer is DISK:  # loaded from the persistent cache: no trace
-                stats.record(func, Route.REPLAY, DISK, cache)
-                replay_once(func, args, kwargs)
-            else:
-                if not made:  # (a trace fired eager's once-per-process warning itself)
-                    replay_once(func, args, kwargs)
-                if not made and self.compiler is not None:
-                    compiled = self.compiler.lookup(key, entry, inputs, stats)
-                    if compiled is not None:
-                        stats.record(func, Route.REPLAY, COMPILED, cache)
-                        out = ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
-                        if table is not None:
-                            self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
-                        return out
-                route = Route.TRACE if cache == "miss" else Route.REPLAY
-                stats.record(func, route, LIFTED if lifted else None, cache)
-            out = ranged("replay", func, entry, inputs) if profiling() else entry(inputs)
-            if table is not None:  # from now on this key is served in C++
-                self._offer(func, args, kwargs, key, entry, tensors, inputs, len(lifted))
-            return out
+            return self._replay(miss, entry, answer)
         if type(entry) is ByValue:
             # its floats change the graph: key them by value from now on, in this runtime
             self._lift[func] = ()
-            stats.keyed_by_value(func)
+            self.stats.keyed_by_value(func)
             return self._decompose(func, args, kwargs)
+        cache = "hit" if answer is None else "miss"
         if type(entry) is Bypassed:
-            if not made:
-                return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
             try:
                 return self._lower_eagerly(func, args, kwargs, entry.reason, cache)
             except Exception:
-                # NOTE: eager refuses this call too (a bad argument, overlapping out=): the trace
-                # failed for the call, not the key, so later valid calls may still get a kernel
-                self.cache.discard(key)
+                if answer is not None:
+                    # NOTE: eager refuses this call too (a bad argument, overlapping out=): the trace
+                    # failed for the call, not the key, so later valid calls may still get a kernel
+                    self.cache.discard(key)
                 raise
         error = UnsupportedOpError(func, entry.chain, entry.reason)
         return self.unsupported(func, args, kwargs, error, cache, keyed=True)
 
-    def _offer(self, func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=True):
+    def _replay(self, miss, kernel, answer):
+        """Run ``kernel`` for ``miss``'s call (``answer``: how the miss made it; None: a hit)."""
+        func, stats = miss.func, self.stats
+        if func not in stats.leaf_ops:  # a kernel another runtime traced: still report what it runs
+            stats.record_kernel(kernel)
+        inputs = miss.inputs(kernel)
+        if answer is Answer.FAMILY:  # a shape-generic kernel answered a new exact key: no trace
+            return self._replay_family(miss, kernel, inputs)
+        if answer is Answer.DISK:  # loaded from the persistent cache: no trace
+            stats.record(func, Route.REPLAY, DISK, "miss")
+            replay_once(func, miss.args, miss.kwargs)
+        elif answer is Answer.TRACED:  # (the trace fired eager's once-per-process warning itself)
+            stats.record(func, Route.TRACE, LIFTED if miss.lifted else None, "miss")
+        else:
+            replay_once(func, miss.args, miss.kwargs)
+            compiled = self.compiler.lookup(miss.key, kernel, inputs, stats) if self.compiler is not None else None
+            if compiled is not None:
+                stats.record(func, Route.REPLAY, COMPILED, "hit")
+                out = ranged("compiled", func, compiled, inputs) if profiling() else compiled(inputs)
+                if self.hits is not None:
+                    self._offer(miss, kernel, inputs)
+                return out
+            stats.record(func, Route.REPLAY, LIFTED if miss.lifted else None, "hit")
+        out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
+        if self.hits is not None:  # from now on this key is served in C++
+            self._offer(miss, kernel, inputs)
+        return out
+
+    def _offer(self, miss, kernel, inputs, persist=True):
         """Install this key's C++ program; under compile=, once the compiler's verdict is in
         (until then its calls must come back here to be counted), with its compiled code.
         ``persist=False``: not written to disk (a proved family's new key)."""
         call = None
         if self.compiler is not None:
-            call = self.compiler.program_call(key, kernel, inputs, len(tensors), n_lifted)
+            call = self.compiler.program_call(miss.key, kernel, inputs, len(miss.tensors), len(miss.lifted))
             if call is PENDING:
                 return
-        hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, call, persist)
+        hits.offer(self, miss, kernel, call, persist)
 
-    def _replay_family(self, func, args, kwargs, key, kernel, tensors, inputs, member, n_lifted):
+    def _replay_family(self, miss, kernel, inputs):
         """The first replay of a shape-generic kernel for an exact key, its outputs checked
         against the member's layout at these sizes (eager's: proved, or checked by the meta
         kernel in :meth:`_from_family`): this catches a real kernel that returns another
         layout than its meta kernel said while tracing."""
+        func, args, kwargs, member = miss.func, miss.args, miss.kwargs, miss.member
         self.stats.record(func, Route.REPLAY, FAMILY, "miss")
         replay_once(func, args, kwargs)
         out, installed = hits.MISS, None
         if self.hits is not None and self.compiler is None and not self.via_cxx() and not profiling():
             # NOTE: the key's program is installed first and runs this call in C++: a new exact
             # key then costs its specialization, not a replay of the graph in Python
-            installed = hits.offer(self, func, args, kwargs, key, kernel, tensors, n_lifted, persist=False)
+            installed = hits.offer(self, miss, kernel, persist=False)
             if installed is not None:
                 out = self.hits.run(func, args, kwargs)
         if out is hits.MISS:
             out = ranged("replay", func, kernel, inputs) if profiling() else kernel(inputs)
-        if matches(member, tree_flatten(out)[0], tensors, read_ints(kernel.ints, args, kwargs)):
+        if matches(member, tree_flatten(out)[0], miss.tensors, read_ints(kernel.ints, args, kwargs)):
             store = self._store()
             # NOTE: a proved member's keys are not written (see disk.every_key): its family answers
             # them in any process, unchecked, and a file per new length was most of a new key's
@@ -291,19 +293,19 @@ class Runtime:
             # loads it by key, unchecked.
             keep = store is not None and (member.unproven is not None or every_key())
             if keep:
-                store.save_kernel(key, kernel)
+                store.save_kernel(miss.key, kernel)
             if installed is not None:
                 if keep:
                     hits.persist(self, installed)
             elif self.hits is not None:  # (a C++ fallback asked: it installs the program, written only if kept)
-                self._offer(func, args, kwargs, key, kernel, tensors, inputs, n_lifted, persist=keep)
+                self._offer(miss, kernel, inputs, persist=keep)
             return out
         # NOTE: never expected; a wrong layout must not be returned. A functional op is run
         # again from an exact-shape kernel; a mutating op has already written: a clear error.
         if installed is not None:
             self.hits.discard(func, args, kwargs)
-        self.cache.discard(key)
-        self.cache.set_family(self._tls.fkey, Family((), "replayed layout differed from eager's"))
+        self.cache.discard(miss.key)
+        self.cache.set_family(miss.fkey, Family((), "replayed layout differed from eager's"))
         if func._schema.is_mutable:
             raise MismatchError(
                 f"{func}: a shape-generic kernel returned a layout eager does not; "
@@ -311,47 +313,49 @@ class Runtime:
             )
         return self.decompose(func, args, kwargs)
 
-    def _family_key(self, func, args, kwargs, key, tensors, lifted):
-        """The shape family of this call's key, or None (it keeps exact-shape kernels)."""
+    def _family_key(self, miss):
+        """The shape family of the call's key, or None (it keeps exact-shape kernels)."""
         if not family_enabled():
             return None
-        key_args, key_kwargs = args, kwargs
-        if lifted:
-            key_args, key_kwargs, _ = split(self._lift[func], args, kwargs)
+        func, key_args, key_kwargs = miss.func, miss.args, miss.kwargs
+        if miss.lifted:
+            key_args, key_kwargs, _ = split(self._lift[func], key_args, key_kwargs)
         try:
-            return family_key(func, key, tensors, int_paths(symint_positions(func), args, kwargs), key_args, key_kwargs)
+            paths = int_paths(symint_positions(func), miss.args, miss.kwargs)
+            return family_key(func, miss.key, miss.tensors, paths, key_args, key_kwargs)
         except NotGeneric as e:
             self.stats.exact_shapes(func, e.reason)  # (why this call keeps an exact-shape kernel)
             return None
 
-    def _direct(self, func, args, kwargs, key, tensors):
+    def _direct(self, miss):
         """A call whose key is not hot yet: its decomposition run on its own tensors, with a
         trace's checks (:mod:`eagerdecomp.runtime.direct`), no kernel made."""
+        func, tiers = miss.func, self.cache.tiers
         try:
-            tiers = self.cache.tiers
-            a = (func, args, kwargs, self.opset, self.table, tensors, tiers.known(key))
+            a = (func, miss.args, miss.kwargs, self.opset, self.table, miss.tensors, tiers.known(miss.key))
             out, ran, ref = ranged("direct", func, run_direct, *a) if profiling() else run_direct(*a)
         except Stuck:
             # NOTE: no path, found before anything was written or drawn: the trace decides what
             # the call is (the CPU tier, a composite kernel, the error) and remembers it
-            self.cache.tiers.heat(key)
-            return self._decompose(func, args, kwargs)
+            tiers.heat(miss.key)
+            return self._decompose(func, miss.args, miss.kwargs)
         except Unfinished as e:
             raise UnsupportedOpError(
                 func,
                 e.stuck.chain,
                 f"{e.stuck.reason}, met after part of the call had run (run with EAGERDECOMP_TRACE_AFTER=0)",
             ) from None
-        tiers.keep(key, ref)
+        tiers.keep(miss.key, ref)
         if func not in self.stats.leaf_ops or not ran <= self.stats.leaf_ops[func]:
             self.stats.record_ops(func, ran)
         self.stats.record(func, Route.DIRECT, None, None)
         return out
 
-    def _from_family(self, func, args, kwargs, tensors, lifted, key, fkey, in_memory=False):
-        """A shape-generic kernel for this call of family ``fkey`` (:meth:`_family_key`), found or
-        traced, or None: trace an exact one. ``in_memory``: only a member this process holds,
-        never the disk or a trace."""
+    def _from_family(self, miss, in_memory=False):
+        """A shape-generic kernel for ``miss`` (of family ``miss.fkey``), found or traced, or None:
+        trace an exact one. A member found sets ``miss.member``. ``in_memory``: only a member
+        this process holds, never the disk or a trace."""
+        func, args, kwargs, tensors, fkey = miss.func, miss.args, miss.kwargs, miss.tensors, miss.fkey
         paths = int_paths(symint_positions(func), args, kwargs)
         ints = read_ints(paths, args, kwargs)
         eager = []  # the op's meta kernel on this call, made once and only when a guard holds
@@ -364,8 +368,6 @@ class Runtime:
             if isinstance(eager[0], Refusal):  # the family's kernel would answer: eager refuses
                 raise eager[0].error
             return eager[0]
-
-        found = []
 
         def find(members):
             for m in members:
@@ -380,7 +382,7 @@ class Runtime:
                         )
                     if m.unproven is not None:
                         self.stats.per_key_checks(func, m.unproven)
-                    found.append(m)
+                    miss.member = m
                     return m.kernel
             return None
 
@@ -388,7 +390,7 @@ class Runtime:
             if in_memory:
                 raise _NotInMemory
             t0 = time.perf_counter()
-            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted, paths)
+            targs = (func, args, kwargs, tensors, self.opset, self.table, miss.lifted, paths)
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
             if not member.guard(tensors, ints) or not agrees(member, tensors, ref(), ints):
                 raise NotGeneric("the shape-generic trace does not reproduce eager at its own shape")
@@ -432,18 +434,26 @@ class Runtime:
                 self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
             return None
         if made:
+            miss.member = None  # (traced for this call: its replay is the trace's, checked above)
             self.stats.record_kernel(kernel)
             family = self.cache.family(fkey)
             if store is not None and family is not None and family.members:
                 store.save_members(fkey, family.members)
-                store.save_kernel(key, kernel)  # checked against eager at this key when traced
-        else:
-            self._tls.answer, self._tls.member, self._tls.fkey = FAMILY, found[-1], fkey
+                store.save_kernel(miss.key, kernel)  # checked against eager at this key when traced
         return kernel
 
-    def _trace(self, func, args, kwargs, tensors, lifted=(), key=None):
-        """A cache entry for this call: a kernel, or the reason there is none (data, never an error)."""
-        self._tls.answer = None  # set below when a family or the disk answers: read only after a miss
+    def _answer(self, miss) -> tuple:
+        """``(entry, answer)`` for a key met for the first time: a kernel (from a family member
+        this process holds, the disk, or a trace), the reason there is none (data, never an
+        error), or ``(None, COLD)``: run it direct (:mod:`eagerdecomp.runtime.tiers`)."""
+        func, args, kwargs, tensors, key, lifted = (
+            miss.func,
+            miss.args,
+            miss.kwargs,
+            miss.tensors,
+            miss.key,
+            miss.lifted,
+        )
         if self.host is not None:
             chain = untraceable(func, self.opset, self.table)
             if chain is not None:  # no trace could find a path: the CPU tier, without an empty trace
@@ -453,33 +463,28 @@ class Runtime:
                 if refusal is not None:
                     raise refusal.error
                 log.info("%s: no path to the opset (%s: no decomposition)", func, chain[-1])
-                return Unsupported(chain, "no decomposition")
+                return Unsupported(chain, "no decomposition"), Answer.TRACED
         store = self._store()
-        fkey = self._family_key(func, args, kwargs, key, tensors, lifted) if key is not None else None
+        fkey = miss.fkey = self._family_key(miss)
         # NOTE: a family this process holds answers first: a shape that changes every call
         # would otherwise look the disk up (or run direct) for each new key (a proved family's
         # keys are never written there)
-        kernel = (
-            self._from_family(func, args, kwargs, tensors, lifted, key, fkey, in_memory=True)
-            if fkey is not None
-            else None
-        )
+        kernel = self._from_family(miss, in_memory=True) if fkey is not None else None
         if kernel is not None:
-            return kernel
-        if store is not None and key is not None:
+            return kernel, Answer.FAMILY
+        if store is not None:
             kernel = store.load_kernel(key)
             if kernel is not None:
-                self._tls.answer = DISK
-                return kernel
+                return kernel, Answer.DISK
         tiers = self.cache.tiers
-        if key is not None and tiered(func) and tiers.cold(key, fkey):
-            raise _Cold  # (nothing stored: the next call of this key asks again)
+        if tiered(func) and tiers.cold(key, fkey):
+            return None, Answer.COLD  # (nothing stored: the next call of this key asks again)
         # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
         # enough shapes (tiers.FAMILY_SHAPES), never for a key whose shape is its program's only one
         if fkey is not None and (not tiered(func) or tiers.varies(fkey)):
-            kernel = self._from_family(func, args, kwargs, tensors, lifted, key, fkey)
+            kernel = self._from_family(miss)
             if kernel is not None:
-                return kernel
+                return kernel, (Answer.TRACED if miss.member is None else Answer.FAMILY)
         t0 = time.perf_counter()
         try:
             if profiling():
@@ -488,24 +493,24 @@ class Runtime:
                 kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
         except LiftRefused as e:
             log.info("%s: keyed by the value of its floats (%s)", func, e)
-            return ByValue(str(e))
+            return ByValue(str(e)), Answer.TRACED
         except Bypass as b:
             if lifted:  # the stand-in values, not the call, may be what failed: retry by value
                 log.info("%s: keyed by the value of its floats (%s)", func, b.reason)
-                return ByValue(b.reason)
+                return ByValue(b.reason), Answer.TRACED
             log.info("%s: no replayable kernel, decomposed eagerly for this key (%s)", func, b.reason)
-            return Bypassed(b.reason)
+            return Bypassed(b.reason), Answer.TRACED
         except UnsupportedOpError as e:
             log.info("%s: no path to the opset (%s)", func, e.reason)
-            return Unsupported(tuple(e.chain), e.reason)
+            return Unsupported(tuple(e.chain), e.reason), Answer.TRACED
         log.info(
             "%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops)
         )
         log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
-        if store is not None and key is not None:
+        if store is not None:
             store.save_kernel(key, kernel)
-        return kernel
+        return kernel, Answer.TRACED
 
     def _store(self):
         return self.store if self.store is not None and disk_enabled() else None
@@ -613,10 +618,6 @@ class Runtime:
             warnings.warn(f"{error} Running {func} natively.", stacklevel=3)
         self.stats.record(func, Route.FALLTHROUGH, error.reason, cache)
         return func(*args, **kwargs)
-
-
-class _Cold(Exception):
-    """This key is not hot yet: run its call direct (``Runtime._trace`` to ``_decompose``)."""
 
 
 class _Blocked(Exception):

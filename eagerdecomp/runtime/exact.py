@@ -135,6 +135,34 @@ class _Ref:
     def out(self, i):
         return self.outs[i] if i < len(self.outs) else None
 
+    def frozen(self) -> _Ref:
+        """This metadata for other threads to read: its outputs as fakes of a mode no kernel ever
+        runs in. NOTE: a fake's ``device`` reads ``meta`` while its own mode runs a kernel, in any
+        thread: a key's metadata kept for its next direct call (runtime/tiers.py) read by another
+        thread while the maker's per-thread mode ran a meta kernel said "eager gives ... on meta"."""
+        global _FROZEN
+        if _FROZEN is None:
+            _FROZEN = FakeTensorMode()
+        with _disable_current_modes():
+            outs = [
+                FakeTensor(_FROZEN, _meta_like(o), o.device)
+                if isinstance(o, torch.Tensor) and o.layout == torch.strided
+                else o
+                for o in self.outs
+            ]
+        ref = _Ref(outs, ())
+        ref.shares = self.shares
+        return ref
+
+
+_FROZEN = None  # the fake mode of frozen metadata (_Ref.frozen), made at first use
+
+
+def _meta_like(t):
+    """A meta tensor of ``t``'s dtype, sizes, strides and storage offset."""
+    extent = t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return torch.empty((extent,), dtype=t.dtype, device="meta").as_strided(t.shape, t.stride(), t.storage_offset())
+
 
 def refused(ref):
     """``(ref, refusal)``: a :func:`reference` split into the metadata (None on a refusal) and

@@ -134,15 +134,23 @@ def _changed(key, tensors) -> bool:
     )
 
 
-def offer(runtime, func, args, kwargs, key, kernel, tensors, n_lifted: int, call=None, persist=True):
-    """``kernel`` just answered this call correctly: install its program for the call's key
-    (the mode), or leave it for the device switch's C++ fallback to install. ``call``
-    (compile=): the key's compiled code, which the program runs instead of its steps; such
+def offer(runtime, miss, kernel, call=None, persist=True):
+    """``kernel`` just answered ``miss``'s call correctly (:class:`~eagerdecomp.runtime.miss.Miss`):
+    install its program for the call's key (the mode), or leave it for the device switch's C++
+    fallback to install. ``call`` (compile=): the key's compiled code, which the program runs instead of its steps; such
     programs are not written to disk (the next process compiles, from Inductor's cache).
     ``persist=False``: installed to run this very call, not yet known correct; returns what
     :func:`persist` writes once it is (None when nothing was installed). Offered to a C++
     fallback (the device switch's, the mode's key), the program is installed there and, with
     ``persist=False``, not written to disk."""
+    func, args, kwargs, key, tensors, n_lifted = (
+        miss.func,
+        miss.args,
+        miss.kwargs,
+        miss.key,
+        miss.tensors,
+        len(miss.lifted),
+    )
     if key in runtime._no_program:
         return None
     try:

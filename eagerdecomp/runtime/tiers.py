@@ -96,6 +96,7 @@ class Tiers:
         key's next direct calls: the meta kernel, over fake tensors, costs more than most
         decompositions' own ops."""
         if ref is not None:
+            ref = ref.frozen()  # (read by any thread: apart from the fake mode that made it)
             with self._lock:
                 self._refs[key] = ref
 

@@ -247,3 +247,29 @@ def test_direct_calls_on_arguments_that_share_memory_match_eager(monkeypatch):
             assert g.shape == want.shape and g.stride() == want.stride()
             torch.testing.assert_close(g, want, rtol=1e-6, atol=1e-6)
         assert _same_bits(got[0], got[2])
+
+
+def test_kept_metadata_reads_the_same_while_its_makers_mode_runs_a_kernel():
+    # a key's metadata is kept for its next direct call, which may come from another thread while
+    # the thread that made it runs a meta kernel in its own fake mode: a fake's device then reads
+    # "meta" (FakeTensor.device), and the direct call raised "eager gives ... on meta"
+    from eagerdecomp.runtime.exact import concrete_fake_mode, fakes_like, reference
+
+    x = torch.randn(6, 4)[1:].t()  # a view: offset and strides kept, and it shares memory with x
+    mode = concrete_fake_mode([x])
+    ref = reference(torch.ops.aten.t.default, (x,), {}, mode, fakes_like(mode, [x]))
+    kept = ref.frozen()
+    mode.in_kernel_invocation = True
+    try:
+        assert ref.out(0).device.type == "meta"  # (what the race saw)
+        out = kept.out(0)
+        assert (out.device, out.dtype, out.shape, out.stride(), out.storage_offset()) == (
+            x.device,
+            x.dtype,
+            x.t().shape,
+            x.t().stride(),
+            x.t().storage_offset(),
+        )
+        assert kept.shares == ref.shares == [True]
+    finally:
+        mode.in_kernel_invocation = False
