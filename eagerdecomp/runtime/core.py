@@ -477,6 +477,7 @@ class Runtime:
             if kernel is not None:
                 return kernel, Answer.DISK
         tiers = self.cache.tiers
+        known = tiers.known(key)  # (eager's metadata from its direct calls: the trace needs it too)
         if tiered(func) and tiers.cold(key, fkey):
             return None, Answer.COLD  # (nothing stored: the next call of this key asks again)
         # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
@@ -487,10 +488,8 @@ class Runtime:
                 return kernel, (Answer.TRACED if miss.member is None else Answer.FAMILY)
         t0 = time.perf_counter()
         try:
-            if profiling():
-                kernel = ranged("trace", func, trace, func, args, kwargs, tensors, self.opset, self.table, lifted)
-            else:
-                kernel = trace(func, args, kwargs, tensors, self.opset, self.table, lifted)
+            targs = (func, args, kwargs, tensors, self.opset, self.table, lifted, known)
+            kernel = ranged("trace", func, trace, *targs) if profiling() else trace(*targs)
         except LiftRefused as e:
             log.info("%s: keyed by the value of its floats (%s)", func, e)
             return ByValue(str(e)), Answer.TRACED

@@ -14,21 +14,10 @@ import contextlib
 import functools
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from eagerdecomp.ops.attribution import warn_as_eager
-from eagerdecomp.ops.checks import check
-from eagerdecomp.runtime.exact import (
-    check_devices,
-    concrete_fake_mode,
-    fakes_like,
-    finish_outputs,
-    flat_tensors,
-    real_kernels_ok,
-    reference,
-    refused,
-)
+from eagerdecomp.runtime.exact import check_devices, eager_reference, finish_outputs, flat_tensors
 from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.quiet import issue_once, quiet
 
@@ -96,39 +85,6 @@ class _RealFixups:
         return self._lowerer.lower(func, args, kwargs)
 
 
-def _plain(tensors) -> bool:
-    """Whether :func:`fakes_like` may stand for ``tensors`` (key order): strided, not empty, no
-    conj or neg bit, and distinct objects never sharing memory (what a shape family admits)."""
-    seen: dict = {}
-    for t in tensors:
-        if t.layout is not torch.strided or t.is_conj() or t.is_neg() or t.numel() == 0:
-            return False
-        if seen.setdefault(t.untyped_storage().data_ptr(), t) is not t and t.untyped_storage().nbytes():
-            return False
-    return True
-
-
-def _reference(func, args, kwargs, tensors, known=None):
-    """Eager's metadata for the call, as a trace takes it (:func:`reference`, ``refuse=True``).
-
-    NOTE: over this thread's one fake mode and fakes built from sizes and strides where the
-    tensors allow it: a fresh FakeTensorMode and ``from_tensor`` per call cost more than most
-    decompositions' ops (4 ms against tens of microseconds), which is what this tier saves.
-    """
-    if known is not None:  # this key's metadata, taken at an earlier direct call of it
-        check(func, args, kwargs)  # (what eager refuses by value, which the key does not hold)
-        return known, None
-    with _disable_current_modes():  # the meta kernel's calls are no mode's to see
-        if tensors is not None and _plain(tensors):
-            mode = concrete_fake_mode(tensors)
-            ref = reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True)
-            # (an op with no meta kernel on the switch's device: eager's layout from the CPU's
-            # kernel, which only the full reference asks)
-            if ref is not None or real_kernels_ok(tensors):
-                return refused(ref)
-        return refused(reference(func, args, kwargs, refuse=True))
-
-
 def run_direct(func, args, kwargs, opset, table, tensors=None, known=None):
     """``(func(*args, **kwargs), the opset ops that ran, eager's metadata)``: the call decomposed
     into ``opset`` on its own tensors, eager-exact; ``tensors``: the call's tensors in key order
@@ -139,7 +95,7 @@ def run_direct(func, args, kwargs, opset, table, tensors=None, known=None):
     caller may trace it and take the no-path route), :class:`Unfinished` when something was.
     """
     check_devices(func, flat_tensors(args, kwargs) if tensors is None else tensors, args, kwargs)
-    ref, refusal = _reference(func, args, kwargs, tensors, known)
+    ref, refusal = eager_reference(func, args, kwargs, tensors, known)
     if refusal is not None and func._schema.is_mutable:  # refused before anything is written
         raise refusal.error
     emit = _Emit()

@@ -221,6 +221,18 @@ def fakes_like(mode, tensors, layouts=None) -> list:
     return fakes_of(mode, tensors, metas_like(tensors, layouts))
 
 
+def plain(tensors) -> bool:
+    """Whether :func:`fakes_like` may stand for ``tensors`` (key order): strided, not empty, no
+    conj or neg bit, and distinct objects never sharing memory (what a shape family admits)."""
+    seen: dict = {}
+    for t in tensors:
+        if t.layout is not torch.strided or t.is_conj() or t.is_neg() or t.numel() == 0:
+            return False
+        if seen.setdefault(t.untyped_storage().data_ptr(), t) is not t and t.untyped_storage().nbytes():
+            return False
+    return True
+
+
 def metas_like(tensors, layouts=None) -> list:
     """The meta tensors :func:`fakes_like` wraps, one per object (key order, a repeated object's
     meta repeated). A family trace wraps the same metas for each fake mode it needs: with
@@ -364,6 +376,29 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         if any(b != o.shape for b, o in zip(shapes, outs)):
             outs = _functional_strides(func, fargs, fkwargs, outs, shapes, mode)
     return _Ref(outs, fakes)
+
+
+def eager_reference(func, args, kwargs, tensors=None, known=None) -> tuple:
+    """``(metadata, refusal)``: :func:`reference` with ``refuse=True`` for a call about to run
+    direct or be traced (``tensors``: its tensors in key order); ``known``: this key's metadata,
+    taken at an earlier call of it (then only the checks by value run).
+
+    NOTE: over this thread's one fake mode and fakes built from sizes and strides where the
+    tensors allow it: a fresh FakeTensorMode and ``from_tensor`` per call cost more than most
+    decompositions' ops (4 ms against tens of microseconds).
+    """
+    if known is not None:
+        check(func, args, kwargs)  # (what eager refuses by value, which the key does not hold)
+        return known, None
+    with _disable_current_modes():  # the meta kernel's calls are no mode's to see
+        if tensors is not None and plain(tensors):
+            mode = concrete_fake_mode(tensors)
+            ref = reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True)
+            # (an op with no meta kernel on the switch's device: eager's layout from the CPU's
+            # kernel, which only the full reference asks)
+            if ref is not None or real_kernels_ok(tensors):
+                return refused(ref)
+        return refused(reference(func, args, kwargs, refuse=True))
 
 
 def _layout(t) -> tuple:

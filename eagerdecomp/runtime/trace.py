@@ -29,12 +29,15 @@ from torch.utils._pytree import tree_flatten
 from eagerdecomp.errors import MismatchError, TraceError, UnsupportedOpError
 from eagerdecomp.runtime.exact import (
     check_devices,
+    concrete_fake_mode,
+    eager_reference,
+    fakes_like,
     fakes_of,
     finish_outputs,
     metas_like,
     new_fake_mode,
+    plain,
     reference,
-    refused,
     swap_tensors,
 )
 from eagerdecomp.runtime.family import Member, out_meta, read_ints
@@ -177,7 +180,7 @@ def _with_values(args, kwargs, lifted, values):
     return with_values(args, kwargs, lifted, values)  # list elements too: lift.py owns positions
 
 
-def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=()) -> Kernel:
+def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(), known=None) -> Kernel:
     """Trace ``func(*args, **kwargs)``'s decomposition into a :class:`Kernel` for this exact key.
 
     ``tensors`` are the call's tensors in key order (:func:`~eagerdecomp.key.make_key`);
@@ -185,12 +188,13 @@ def trace(func, args: tuple, kwargs: dict, tensors: list, opset, table, lifted=(
     :mod:`eagerdecomp.lift`): the kernel then takes ``(*tensors, *values)``.
     Raises :class:`~eagerdecomp.key.Bypass` when the call cannot be replayed,
     :class:`LiftRefused` when its lifted floats change the graph, and
-    :class:`UnsupportedOpError` when it has no path to ``opset``.
+    :class:`UnsupportedOpError` when it has no path to ``opset``. ``known``: eager's metadata
+    for this key, taken at its direct calls (:mod:`eagerdecomp.runtime.tiers`), or None.
     """
     next(_traces)
     check_devices(func, tensors, args, kwargs)
     with _disable_current_modes():  # nothing below our mode may see tracing
-        ref, refusal = refused(reference(func, args, kwargs, refuse=True))
+        ref, refusal = eager_reference(func, args, kwargs, tensors, known)
         try:
             if not lifted:
                 kernel = _trace_once(func, args, kwargs, tensors, opset, table, ref, ())
@@ -338,7 +342,13 @@ def _guard_source(env, placeholders, ints) -> str:
 def _trace_once(
     func, args, kwargs, tensors, opset, table, ref, scalars, fake_mode=None, fakes=None, env=None, finals=None, n_ints=0
 ) -> Kernel:
-    if fake_mode is None:
+    if fake_mode is None and plain(tensors):
+        # NOTE: this thread's fake mode and fakes built from sizes and strides, as a direct call's
+        # reference and a family trace take them: a fresh mode and from_tensor were a quarter
+        # of an exact trace's time
+        fake_mode = concrete_fake_mode(tensors)
+        fakes = fakes_like(fake_mode, tensors)
+    elif fake_mode is None:  # (tensors that share memory or carry math bits: from_tensor knows them)
         fake_mode = new_fake_mode(tensors=tensors)
         fakes = [fake_mode.from_tensor(t) for t in tensors]
     emitter = _Emitter(fake_mode)
