@@ -351,10 +351,10 @@ class Runtime:
         self.stats.record(func, Route.DIRECT, None, None)
         return out
 
-    def _from_family(self, miss, in_memory=False):
+    def _from_family(self, miss, no_trace=False, disk=True):
         """A shape-generic kernel for ``miss`` (of family ``miss.fkey``), found or traced, or None:
-        trace an exact one. A member found sets ``miss.member``. ``in_memory``: only a member
-        this process holds, never the disk or a trace."""
+        trace an exact one. A member found sets ``miss.member``. ``no_trace``: only a member this
+        process holds (or, with ``disk``, the disk cache or a bundle has), never a trace."""
         func, args, kwargs, tensors, fkey = miss.func, miss.args, miss.kwargs, miss.tensors, miss.fkey
         paths = int_paths(symint_positions(func), args, kwargs)
         ints = read_ints(paths, args, kwargs)
@@ -387,8 +387,8 @@ class Runtime:
             return None
 
         def make():
-            if in_memory:
-                raise _NotInMemory
+            if no_trace:
+                raise _NoMember
             t0 = time.perf_counter()
             targs = (func, args, kwargs, tensors, self.opset, self.table, miss.lifted, paths)
             member = ranged("trace", func, trace_family, *targs) if profiling() else trace_family(*targs)
@@ -404,18 +404,18 @@ class Runtime:
             )
             return member
 
-        store = self._store()
-        if in_memory:
-            family = self.cache.family(fkey)
-            if family is None or not family.members:
-                return None
-        elif store is not None and self.cache.family(fkey) is None:
+        store = self._store() if disk else None
+        if store is not None and self.cache.family(fkey) is None:
             members = store.load_members(fkey)  # another process's members, checked per key as ours
             if members:
                 self.cache.adopt_family(fkey, Family(members))
+        if no_trace:
+            family = self.cache.family(fkey)
+            if family is None or not family.members:
+                return None
         try:
             kernel, made = self.cache.find_or_make_member(fkey, find, make, MAX_MEMBERS)
-        except _NotInMemory:
+        except _NoMember:
             return None
         except _ProofFailed as e:  # never hidden behind an exact-shape kernel
             raise MismatchError(str(e)) from None
@@ -430,7 +430,7 @@ class Runtime:
             return None
         if kernel is None:
             family = self.cache.family(fkey)
-            if not in_memory:
+            if not no_trace:
                 self.stats.exact_shapes(func, family.exact if family is not None and family.exact else "re-entered")
             return None
         if made:
@@ -468,14 +468,19 @@ class Runtime:
         fkey = miss.fkey = self._family_key(miss)
         # NOTE: a family this process holds answers first: a shape that changes every call
         # would otherwise look the disk up (or run direct) for each new key (a proved family's
-        # keys are never written there)
-        kernel = self._from_family(miss, in_memory=True) if fkey is not None else None
+        # keys are never written there). Then what another process left, never run direct: the
+        # key's kernel, then its family's members (a bundle's answer a length it never met)
+        kernel = self._from_family(miss, no_trace=True, disk=False) if fkey is not None else None
         if kernel is not None:
             return kernel, Answer.FAMILY
         if store is not None:
             kernel = store.load_kernel(key)
             if kernel is not None:
                 return kernel, Answer.DISK
+            if fkey is not None and self.cache.family(fkey) is None:
+                kernel = self._from_family(miss, no_trace=True)
+                if kernel is not None:
+                    return kernel, Answer.FAMILY
         tiers = self.cache.tiers
         known = tiers.known(key)  # (eager's metadata from its direct calls: the trace needs it too)
         if tiered(func) and tiers.cold(key, fkey):
@@ -623,8 +628,8 @@ class _Blocked(Exception):
     """Lowering through the CPU tier met a second op with no path (``Runtime._lower_eagerly``)."""
 
 
-class _NotInMemory(Exception):
-    """No member this process holds admits the call (``_from_family(in_memory=True)``)."""
+class _NoMember(Exception):
+    """No member held or on disk admits the call (``_from_family(no_trace=True)``)."""
 
 
 class _ProofFailed(Exception):

@@ -392,3 +392,21 @@ def test_programs_are_written_in_batches_and_read_back_whole(on_disk, monkeypatc
         F.silu(torch.randn(11, 5))  # pending again
     ed.cache_clear(disk=True)
     assert not disk._PENDING  # what the disk forgot is not written later
+
+
+def test_a_length_never_seen_is_answered_by_the_family_on_disk_not_run_direct(on_disk, kernels_only, monkeypatch):
+    # an earlier process traced a shape family (a length that changes every call) and wrote its
+    # member; a fresh cache meets a length neither saw: the member on disk answers it (checked
+    # against eager's meta kernel), no direct run and no trace, as its exact kernels would
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "0")  # (the first process: a family trace at once)
+    with ed.EagerDecompMode("core_aten"):
+        for n in (3, 5, 8):
+            F.softplus(torch.randn(n, 4))
+    ed.cache_clear()  # memory only: what is left is the disk's
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    x = torch.randn(13, 4)
+    with ed.EagerDecompMode("core_aten") as mode:
+        got = F.softplus(x)
+    row = mode.report().row(aten.softplus.default)
+    assert (row.direct, row.traces, row.family) == (0, 0, 1), row
+    assert_like_eager(F.softplus(x), got, exact=False, inputs=[x])  # (to rounding: the decomposition's ops)
