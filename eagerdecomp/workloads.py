@@ -237,7 +237,9 @@ def build(output, opset="core_aten", workloads=("demo", "bert", "llama"), dtypes
         EAGERDECOMP_DISK_EVERY_KEY="1",
         EAGERDECOMP_TRACE_AFTER="0",
     )
-    os.environ.pop("EAGERDECOMP_BUNDLE", None)  # a kernel another bundle answered would not be written here
+    # a kernel another bundle (or the shipped one) answered would not be written here
+    os.environ.pop("EAGERDECOMP_BUNDLE", None)
+    os.environ["EAGERDECOMP_SHIPPED_BUNDLE"] = "0"
     try:
         from eagerdecomp.device.refdev import reference_device
 

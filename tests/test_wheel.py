@@ -177,3 +177,39 @@ def test_the_installed_coverage_tool_answers_from_the_shipped_graph(installed, t
     assert proc.stdout.startswith("core_aten (") and "Implement next" in proc.stdout, proc.stdout
     assert "building the coverage graph" not in proc.stderr, proc.stderr[-3000:]
     assert not list(cache.rglob("coverage-*.json"))  # read from the package, nothing built
+
+
+# the demo's first training step in a fresh process: its kernels traced (every key at its first call)
+FIRST_STEP = r"""
+import sys, torch
+import eagerdecomp as ed
+from eagerdecomp.demo import TransformerBlock, train_step
+assert ed.__file__.startswith(sys.argv[1]), ("imported from", ed.__file__)
+torch.manual_seed(0)
+model = TransformerBlock()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = TransformerBlock.batch()
+with ed.EagerDecompMode("core_aten"):
+    loss = float(train_step(model, opt, x, y)[1])
+print(ed.cache_info().traced, repr(loss), float(sum(p.sum() for p in model.parameters())))
+"""
+
+
+def test_the_wheel_ships_a_bundle_that_leaves_the_demos_first_step_nothing_to_trace(installed, tmp_path):
+    wheel, site = installed
+    assert "eagerdecomp/data/bundle/bundle.json" in zipfile.ZipFile(wheel).namelist()
+    runs = {}
+    for shipped in ("1", "0"):
+        env = _env(site) | {
+            "EAGERDECOMP_CACHE_DIR": str(tmp_path / shipped),  # empty: a fresh install's first process
+            "EAGERDECOMP_DISK_CACHE": "1",
+            "EAGERDECOMP_TRACE_AFTER": "0",  # (every key not in the bundle would be traced)
+            "EAGERDECOMP_SHIPPED_BUNDLE": shipped,
+        }
+        if not FULL:  # a pure-Python wheel: its bundle keys calls as the pure-Python path does
+            env["EAGERDECOMP_NO_EXT"] = "1"
+        out = _run([sys.executable, "-S", "-c", FIRST_STEP, str(site)], cwd=tmp_path, env=env)
+        traced, *results = out.split()
+        runs[shipped] = int(traced), results
+    assert runs["1"][0] == 0 and runs["0"][0] > 0, runs
+    assert runs["1"][1] == runs["0"][1]  # the shipped kernels are the ones a trace makes: bit for bit

@@ -8,14 +8,17 @@ plus a manifest, ``bundle.json``, that says what it was built for::
     DIR/kernels/<store folder>/...         entries as the disk cache writes them
 
 A device package ships one and points ``EAGERDECOMP_BUNDLE`` at it (several, separated by
-``os.pathsep``, are searched in order). Each process then reads a kernel, a shape family or
+``os.pathsep``, are searched in order). A wheel of eagerdecomp ships one of its own, built from
+:mod:`eagerdecomp.workloads` when the wheel is built (``setup.py``: :data:`SHIPPED`), searched
+after those; ``EAGERDECOMP_SHIPPED_BUNDLE=0`` leaves it out. Each process then reads a kernel, a shape family or
 a C++ program from its own disk cache first and from the bundles after it; it writes only to
 its own cache, never to a bundle (a bundle may sit on a read-only file system, shared by
 many users). ``EAGERDECOMP_CACHE_DIR=DIR`` also loads a bundle, as an ordinary, writable cache.
 
 A bundle built for another torch, other eagerdecomp sources or another opset is *stale* or
-*foreign*: it is ignored with one :class:`BundleWarning` per bundle and reason, and every
-kernel it would have answered is traced as usual. The sources are compared by the same
+*foreign*: it is ignored with one :class:`BundleWarning` per bundle and reason (the shipped
+one silently: it is stale only in a checkout whose sources changed after it was built), and
+every kernel it would have answered is traced as usual. The sources are compared by the same
 fingerprint the disk cache keys its folders by, so a stale bundle can never answer wrongly:
 its folder names are not ours.
 """
@@ -31,10 +34,22 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BundleWarning", "MANIFEST", "FORMAT", "roots", "folders_for", "write_manifest", "read_manifest"]
+__all__ = [
+    "BundleWarning",
+    "MANIFEST",
+    "FORMAT",
+    "SHIPPED",
+    "roots",
+    "folders_for",
+    "write_manifest",
+    "read_manifest",
+]
 
 MANIFEST = "bundle.json"
 FORMAT = "eagerdecomp kernel bundle 1"  # bumped when the layout of a bundle changes
+
+# the bundle a wheel ships (built by setup.py into the package; absent from a checkout)
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "bundle"
 
 _warned: set = set()  # (bundle root, reason) already warned about in this process
 _lock = threading.Lock()
@@ -45,9 +60,13 @@ class BundleWarning(RuntimeWarning):
 
 
 def roots() -> tuple:
-    """The bundle folders ``EAGERDECOMP_BUNDLE`` names, in search order (empty ones dropped)."""
+    """The bundle folders ``EAGERDECOMP_BUNDLE`` names, in search order (empty ones dropped), then
+    the shipped one where the package has it."""
     value = os.environ.get("EAGERDECOMP_BUNDLE", "")
-    return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
+    named = tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
+    if os.environ.get("EAGERDECOMP_SHIPPED_BUNDLE", "1") != "0" and (SHIPPED / MANIFEST).is_file():
+        named += (SHIPPED,)
+    return named
 
 
 def read_manifest(root: Path) -> dict:
@@ -71,6 +90,8 @@ def write_manifest(root: Path, sources: str, **fields) -> dict:
 
 
 def _warn(root: Path, reason: str) -> None:
+    if root == SHIPPED:  # (stale only in a checkout edited after building it: nothing to tell a user)
+        return
     with _lock:
         if (str(root), reason) in _warned:
             return
