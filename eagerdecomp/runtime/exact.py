@@ -228,7 +228,9 @@ def plain(tensors) -> bool:
     for t in tensors:
         if t.layout is not torch.strided or t.is_conj() or t.is_neg() or t.numel() == 0:
             return False
-        if seen.setdefault(t.untyped_storage().data_ptr(), t) is not t and t.untyped_storage().nbytes():
+        # NOTE: the storage's identity, not its data pointer: asking a lazily cloned (copy-on-write)
+        # storage for its pointer copies it, where eager's kernels that only read leave it shared
+        if seen.setdefault(t.untyped_storage()._cdata, t) is not t:
             return False
     return True
 

@@ -273,3 +273,21 @@ def test_kept_metadata_reads_the_same_while_its_makers_mode_runs_a_kernel():
         assert kept.shares == ref.shares == [True]
     finally:
         mode.in_kernel_invocation = False
+
+
+@pytest.mark.parametrize("trace_after", ["2", "0"])
+def test_a_decomposed_call_leaves_a_lazily_cloned_storage_shared(monkeypatch, trace_after):
+    # eager's kernels that only read a copy-on-write tensor keep it shared (PyTorch's
+    # test_lazy_clone_* device tests); a direct call asked its storage for its data pointer,
+    # which copies it
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", trace_after)
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    clone = t._lazy_clone()
+    with ed.EagerDecompMode("core_aten") as mode:
+        got = [torch.nn.functional.silu(t), t.t(), torch.nn.functional.silu(clone)]
+    assert torch._C._is_cow_tensor(t) and torch._C._is_cow_tensor(clone)
+    assert torch._C._data_address(t) == torch._C._data_address(clone)
+    want = [torch.nn.functional.silu(t), t.t(), torch.nn.functional.silu(clone)]
+    for w, g in zip(want, got):
+        assert_like_eager(w, g, exact=False)
+    assert mode.report().row("aten.silu.default").route == "decomposed"
