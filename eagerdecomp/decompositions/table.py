@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from torch._ops import OpOverload
 
+from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import is_out, overloads
@@ -122,6 +123,12 @@ def _refs_by_name() -> Table:
     return table
 
 
+def _unchecked_inplace(fn) -> bool:
+    """Whether ``fn`` is one of torch._decomp's generic ``register_inplace`` rules (the functional
+    op, then ``copy_`` into self with no dtype or shape check)."""
+    return getattr(fn, "__qualname__", "").startswith("register_inplace.")
+
+
 @functools.cache
 def _derived(make) -> Table:
     return make(overloads("aten"))
@@ -148,6 +155,16 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
         # The refs a prims opset uses check through their out= wrapper.
         table.update(_derived(variant_table))
+    else:
+        # NOTE: torch._decomp's register_inplace entries (logit_, ldexp_, ...) outrank the refs
+        # here, and they copy_ the result back without eager's checks: an int64 tensor took
+        # logit_'s float result, a bool one ldexp_'s. Our in-place rule checks as eager does;
+        # the functional op it calls still lowers through the refs.
+        # The in-place and out= overloads no ref covers (mm.out, log_softmax.int_out, the special
+        # functions' out=) take the same rule, so they reach the preset wherever their functional op does.
+        rules = _derived(variant_table)
+        table.update({op: fn for op, fn in rules.items() if op not in table or _unchecked_inplace(table[op])})
+        table.update(PRIMS_TABLE)  # refs that answer otherwise than eager (prims_refs.py)
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)
