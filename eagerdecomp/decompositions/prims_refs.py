@@ -4,7 +4,8 @@ An aten-based opset never meets these refs (core ATen keeps ``fill``, ``full_lik
 ``empty``); a prims opset (``prims``, ``prims_fusion``) lowers every factory through them.
 :func:`eagerdecomp.decompositions.table.default_table` puts :data:`PRIMS_TABLE` above the refs
 for such opsets only. Each entry converts an argument as eager's C++ does (a fill value, a
-``None`` layout or memory format), then calls the ref.
+``None`` layout or memory format) or steps around a prim's meta (a 0-d ``as_strided``), then
+calls the ref.
 """
 
 from __future__ import annotations
@@ -84,7 +85,17 @@ def scalar_tensor(s, *, dtype=None, layout=None, **kwargs):
     return refs.scalar_tensor(s, dtype=dtype, layout=torch.strided if layout is None else layout, **kwargs)
 
 
+def as_strided(a, size, stride, storage_offset=None):
+    if len(size) == 0:
+        # NOTE: prims.as_strided's meta multiplies the sizes with reduce() and no start value, so
+        # a 0-d view (as_strided's gradient at a one-element input) raised TypeError: take one
+        # element, then squeeze its dim (the same memory, a view as eager's)
+        return refs.squeeze(refs.as_strided(a, [1], [1], storage_offset), 0)
+    return refs.as_strided(a, size, stride, storage_offset)
+
+
 PRIMS_TABLE = {
+    aten.as_strided.default: as_strided,
     aten.fill.Scalar: fill,
     aten.full_like.default: full_like,
     aten.empty.memory_format: empty,

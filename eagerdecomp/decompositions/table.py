@@ -27,7 +27,7 @@ from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import is_out, overloads
-from eagerdecomp.ops.variants import foreach_table, variant_table
+from eagerdecomp.ops.variants import foreach_table, rule_target, variant_table
 
 __all__ = ["default_table", "FAMILY_MODULES"]
 
@@ -161,9 +161,19 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # logit_'s float result, a bool one ldexp_'s. Our in-place rule checks as eager does;
         # the functional op it calls still lowers through the refs.
         # The in-place and out= overloads no ref covers (mm.out, log_softmax.int_out, the special
-        # functions' out=) take the same rule, so they reach the preset wherever their functional op does.
+        # functions' out=) take the same rule, so they reach the preset wherever their functional op
+        # does; and so do those whose functional op has our own (or the user's) decomposition: a
+        # ref's in-place form calls its functional ref directly, past that decomposition
+        # (geometric_ drew rand_like of an int64 self, which has no uniform kernel).
         rules = _derived(variant_table)
-        table.update({op: fn for op, fn in rules.items() if op not in table or _unchecked_inplace(table[op])})
+        ours = PROJECT.keys() | USER.keys()
+        table.update(
+            {
+                op: fn
+                for op, fn in rules.items()
+                if op not in table or _unchecked_inplace(table[op]) or rule_target(fn) in ours
+            }
+        )
         table.update(PRIMS_TABLE)  # refs that answer otherwise than eager (prims_refs.py)
     table.update(PROJECT)
     table.update(USER)

@@ -108,3 +108,38 @@ def test_inplace_refuses_the_cast_eager_refuses(name, preset):
 def test_inplace_rules_still_write_what_eager_writes(preset):
     check_against_eager(lambda x: x.logit_(eps=1e-3), torch.rand(3, 4).t(), opset=preset, exact=False)
     check_against_eager(lambda x: x.ldexp_(torch.tensor([1.0, 2.0, 3.0])), torch.randn(2, 3), opset=preset)
+
+
+def _seeded(fn):
+    def call(*args):
+        torch.manual_seed(0)
+        return fn(*args)
+
+    return call
+
+
+# NOTE: a ref's in-place form calls its functional ref directly, past our decomposition of the
+# functional op: geometric_ of an int64 tensor drew rand_like(int64) and raised; in-place forms
+# of ops with our own decomposition now take it (eager's very numbers here; plain prims has no
+# random op drawing eager's stream)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_inplace_forms_take_our_functional_decomposition(dtype):
+    check_against_eager(_seeded(lambda x: x.geometric_(0.2)), torch.zeros(4, 5, dtype=dtype), opset="prims_fusion")
+    check_against_eager(_seeded(lambda x: x.exponential_(1.5)), torch.zeros(4, 5), opset="prims_fusion")
+
+
+# NOTE: prims.as_strided's meta fails on a 0-d size (reduce() with no start value): as_strided's
+# gradient at a one-element input asks for one
+@pytest.mark.parametrize("preset", PRESETS)
+def test_zero_dim_as_strided_like_eager(preset):
+    check_against_eager(lambda x: torch.as_strided(x, (), (), 2), torch.arange(4.0), opset=preset)
+    if preset == "prims_fusion":  # (a scatter: index_put, one of its library ops)
+        check_against_eager(
+            lambda x: torch.as_strided_scatter(x, torch.tensor(7.0), (), (), 1), torch.arange(4.0), opset=preset
+        )
+
+    def grad(x):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad(torch.as_strided(x, (1,), (1,), 0), x, torch.ones(1, dtype=x.dtype))
+
+    check_against_eager(grad, torch.randn(1, dtype=torch.float64), opset=preset)
