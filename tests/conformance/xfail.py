@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Expected", "XFAIL", "BLOCKERS", "expected_for", "explains"]
+__all__ = ["Expected", "XFAIL", "BLOCKERS", "PRESET_BLOCKERS", "expected_for", "explains", "preset_entries"]
 
 ALL_VARIANTS = ("fn", "inplace", "out", "grad")
 
@@ -24,6 +24,9 @@ class Expected:
     blocker: str | None = None  # unsupported: the op the chain got stuck on, e.g. "aten.linalg_svd.default"
     variants: tuple = ALL_VARIANTS
     dtypes: tuple | None = None  # dtype names ("float32"); None: every dtype
+    # an entry no sample of an exhaustive test hits fails it (a preset's table is by blocking op,
+    # not by OpInfo: its entries are not strict)
+    strict: bool = True
 
     def __post_init__(self):
         if self.cls not in ("unsupported", "error"):
@@ -91,9 +94,9 @@ BLOCKERS: dict = {
 }
 
 
-def U(blocker: str, variants=ALL_VARIANTS, dtypes=None, reason: str = "") -> Expected:
+def U(blocker: str, variants=ALL_VARIANTS, dtypes=None, reason: str = "", strict: bool = True) -> Expected:
     """An expected unsupported entry blocked at ``blocker`` (reason from :data:`BLOCKERS` unless given)."""
-    return Expected("unsupported", reason, blocker, tuple(variants), dtypes)
+    return Expected("unsupported", reason, blocker, tuple(variants), dtypes, strict)
 
 
 def E(reason: str, variants=ALL_VARIANTS, dtypes=None) -> Expected:
@@ -206,8 +209,13 @@ XFAIL: dict = {
 }
 
 
-def expected_for(name: str, dtype_name: str) -> list:
-    """The entries that apply to one test (an OpInfo at one dtype)."""
+def expected_for(name: str, dtype_name: str, opset: str | None = None) -> list:
+    """The entries that apply to one test (an OpInfo at one dtype) under ``opset`` (None: the
+    harness's, ``EAGERDECOMP_CONFORMANCE_OPSET``)."""
+    if opset is None:
+        from .harness import OPSET as opset
+    if opset != "core_aten":
+        return preset_entries(opset)
     entries = XFAIL.get(name, ())
     if isinstance(entries, Expected):
         entries = (entries,)
@@ -220,3 +228,14 @@ def explains(entry: Expected, outcome) -> bool:
         and outcome.variant in entry.variants
         and (entry.blocker is None or outcome.blocker == entry.blocker)
     )
+
+
+def preset_entries(opset: str) -> list:
+    """Under a preset other than core ATen: every op of its :data:`PRESET_BLOCKERS` table may
+    block any OpInfo (not strict: the table is by blocking op)."""
+    return [U(op, reason=why, strict=False) for op, why in PRESET_BLOCKERS.get(opset, {}).items()]
+
+
+# Under a preset other than core ATen the chain stops at other ops (the preset lacks ops core
+# ATen keeps, the FFTs among them): its table is by blocking op, each with why it has no path.
+PRESET_BLOCKERS: dict = {"prims_fusion": {}}
