@@ -163,6 +163,7 @@ def merge_shards(directory: str, part: str | None = None) -> dict:
         "commits": sorted({s["commit"] for s in shards}),
         "failed_tests": sorted(t for s in shards for t in s["failed"]),
         "date": max(s["date"] for s in shards),
+        "scope": shards[0]["scope"],  # the shards' own (a merge need not repeat their SAMPLES)
     }
     write_summary(results, directory, full=shards[0]["full"], extra=extra)
     return extra

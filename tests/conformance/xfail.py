@@ -238,4 +238,40 @@ def preset_entries(opset: str) -> list:
 
 # Under a preset other than core ATen the chain stops at other ops (the preset lacks ops core
 # ATen keeps, the FFTs among them): its table is by blocking op, each with why it has no path.
-PRESET_BLOCKERS: dict = {"prims_fusion": {}}
+# Core ATen's blockers block there too (no decomposition at all, or one that declines).
+KEPT_BY_CORE = (
+    "a core ATen op (a backend's library call) with no decomposition to prims, and not among prims_fusion's library ops"
+)
+PRIMS_FUSION_BLOCKERS = {
+    **BLOCKERS,
+    "aten.histogram.bins_tensor_out": HISTOGRAM_OUT,
+    "aten.histogram.bin_ct_out": HISTOGRAM_OUT,
+    "aten.linalg_matrix_exp.default": "matrix_exp at bfloat16: eager's kernel returns NaN and inf for ordinary inputs; matfuncs.py declines 16-bit floats",
+    "aten.linalg_pinv.atol_rtol_tensor": "pinv of a matrix with singular values at rounding level: declined near eager's cutoff (lstsq.py)",
+    "aten._fft_r2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
+    "aten._fft_c2r.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
+    "aten._fft_c2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
+    "aten.scatter_reduce.two": (
+        f"scatter with a reduction (sum, prod, mean, amax, amin; index_reduce's path): {KEPT_BY_CORE} "
+        "(the preset keeps scatter and scatter_add)"
+    ),
+    "aten.nonzero.default": (
+        "nonzero (argwhere, nonzero_static, and kthvalue's path): an output shape that depends on the values, "
+        f"which no prims op has; {KEPT_BY_CORE}"
+    ),
+    "aten.masked_scatter.default": (
+        f"a scatter to data-dependent positions (masked_select's and combinations' gradients): {KEPT_BY_CORE}"
+    ),
+    "aten.argmin.default": "the position of the minimum: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
+    "aten.min.dim": "the minimum with its position: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
+    "aten.avg_pool3d.default": f"3-d average pooling, a windowed reduction prims cannot express: {KEPT_BY_CORE} (it keeps 2-d pooling)",
+    "aten._adaptive_avg_pool3d.default": f"3-d adaptive average pooling: {KEPT_BY_CORE} (it keeps 2-d pooling)",
+    "aten._adaptive_avg_pool2d_backward.default": (
+        "adaptive average pooling's gradient at an empty input: pooling.py's decomposition (the preset's path; "
+        "core ATen keeps the op) declines 0-size shapes"
+    ),
+    "aten._embedding_bag.default": f"embedding_bag's per-bag reduction by offsets: {KEPT_BY_CORE}",
+    "aten._pdist_forward.default": f"pairwise distances within a set: {KEPT_BY_CORE}",
+    "aten._cdist_forward.default": f"pairwise distances between two sets: {KEPT_BY_CORE}",
+}
+PRESET_BLOCKERS: dict = {"prims_fusion": PRIMS_FUSION_BLOCKERS}
