@@ -21,6 +21,7 @@ import functools
 import importlib
 from collections.abc import Iterable
 
+import torch
 from torch._ops import OpOverload
 
 from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
@@ -28,6 +29,8 @@ from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import is_out, overloads
 from eagerdecomp.ops.variants import foreach_table, rule_target, variant_table
+
+aten = torch.ops.aten
 
 __all__ = ["default_table", "FAMILY_MODULES"]
 
@@ -164,14 +167,22 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # functions' out=) take the same rule, so they reach the preset wherever their functional op
         # does; and so do those whose functional op has our own (or the user's) decomposition: a
         # ref's in-place form calls its functional ref directly, past that decomposition
-        # (geometric_ drew rand_like of an int64 self, which has no uniform kernel).
+        # (geometric_ drew rand_like of an int64 self, which has no uniform kernel). NOTE: our
+        # random decompositions draw eager's stream from aten.rand and its kin: an opset without
+        # aten.rand (plain prims) keeps the refs' prims draws for the random ones.
         rules = _derived(variant_table)
         ours = PROJECT.keys() | USER.keys()
+        eager_draws = aten.rand.default in opset
+
+        def ours_first(op, fn) -> bool:
+            random = torch.Tag.nondeterministic_seeded in op.tags
+            return rule_target(fn) in ours and (eager_draws or not random)
+
         table.update(
             {
                 op: fn
                 for op, fn in rules.items()
-                if op not in table or _unchecked_inplace(table[op]) or rule_target(fn) in ours
+                if op not in table or _unchecked_inplace(table[op]) or ours_first(op, fn)
             }
         )
         table.update(PRIMS_TABLE)  # refs that answer otherwise than eager (prims_refs.py)
