@@ -104,10 +104,28 @@ def test_inplace_refuses_the_cast_eager_refuses(name, preset):
     assert_raises_like_eager(INPLACE[name], opset=preset, message="can't be cast to the desired output type")
 
 
+# NOTE: torch._refs' in-place forms (113 ops: the out= form with self as out) resized a self
+# smaller than the broadcast shape, where eager refuses it
+BROADCAST_SELF = {
+    "lt_": lambda: torch.zeros(5, 1).lt_(torch.zeros(5)),
+    "clamp_max_": lambda: torch.zeros(5, 1, dtype=torch.int64).clamp_max_(torch.ones(5, dtype=torch.int64)),
+    "xlogy_": lambda: torch.ones(5, 1).xlogy_(torch.ones(5)),
+    "add_": lambda: torch.ones(1, 3).add_(torch.ones(2, 3)),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", list(BROADCAST_SELF))
+def test_inplace_refuses_to_grow_self_like_eager(name, preset):
+    assert_raises_like_eager(BROADCAST_SELF[name], opset=preset, message="doesn't match the broadcast shape")
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_inplace_rules_still_write_what_eager_writes(preset):
     check_against_eager(lambda x: x.logit_(eps=1e-3), torch.rand(3, 4).t(), opset=preset, exact=False)
     check_against_eager(lambda x: x.ldexp_(torch.tensor([1.0, 2.0, 3.0])), torch.randn(2, 3), opset=preset)
+    check_against_eager(lambda x: x.lt_(torch.zeros(3)), torch.randn(4, 3).t().t(), opset=preset)
+    check_against_eager(lambda x: x.clamp_max_(0.5).add_(torch.ones(3), alpha=2), torch.randn(2, 3), opset=preset)
 
 
 def _seeded(fn):
