@@ -4,8 +4,8 @@ An aten-based opset never meets these refs (core ATen keeps ``fill``, ``full_lik
 ``empty``); a prims opset (``prims``, ``prims_fusion``) lowers every factory through them.
 :func:`eagerdecomp.decompositions.table.default_table` puts :data:`PRIMS_TABLE` above the refs
 for such opsets only. Each entry converts an argument as eager's C++ does (a fill value, a
-``None`` layout or memory format) or steps around a prim's meta (a 0-d ``as_strided``), then
-calls the ref.
+``None`` layout or memory format) or steps around a prim's meta (a 0-d ``as_strided``) or checks what eager's kernel
+refuses (a non-contiguous ``native_group_norm`` input), then calls the ref.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 
 import torch
 import torch._refs as refs
+from torch._prims_common import suggest_memory_format
 
 __all__ = ["PRIMS_TABLE", "eager_fill_value"]
 
@@ -94,7 +95,20 @@ def as_strided(a, size, stride, storage_offset=None):
     return refs.as_strided(a, size, stride, storage_offset)
 
 
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    # NOTE: eager's CPU kernel refuses an input that is not contiguous in its own memory format
+    # (a column-major or strided one; channels-last is fine); the ref computes any layout, so the
+    # mode answered where eager raises (test_layouts.py under prims_fusion)
+    if not input.is_contiguous(memory_format=suggest_memory_format(input)):
+        raise RuntimeError(
+            "Expected X.is_contiguous(memory_format) to be true, but got false.  (Could this error message be "
+            "improved?  If so, please report an enhancement request to PyTorch.)"
+        )
+    return refs.native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+
+
 PRIMS_TABLE = {
+    aten.native_group_norm.default: native_group_norm,
     aten.as_strided.default: as_strided,
     aten.fill.Scalar: fill,
     aten.full_like.default: full_like,
