@@ -60,22 +60,26 @@ parity: install
 # then writes the one summary from all n, so the full run can span machines or sessions.
 # CONF_TESTS narrows the files: test_opinfo.py alone is the per-sample table, about a sixth
 # of the time of the whole suite (the cross-sample run traces every sample again).
+# OPSET= the preset the samples are lowered to (default core_aten; OPSET=prims_fusion), the
+# witness checking against the same one; another preset's reports go to reports/OPSET/.
 SHARD ?=
 PART ?= all
 CONF_TESTS ?= tests/conformance
+OPSET ?= core_aten
+CONF_REPORTS := reports$(if $(filter-out core_aten,$(OPSET)),/$(OPSET))
 conformance: install
 	EAGERDECOMP_CONFORMANCE=full EAGERDECOMP_CONFORMANCE_SHARD=$(SHARD) EAGERDECOMP_CONFORMANCE_PART=$(PART) \
-		$(PY) -m pytest $(CONF_TESTS) -q -n $(JOBS) $(PYTEST_ARGS)
+		EAGERDECOMP_CONFORMANCE_OPSET=$(OPSET) $(PY) -m pytest $(CONF_TESTS) -q -n $(JOBS) $(PYTEST_ARGS)
 
 conformance-merge: install
-	$(PY) -m tests.conformance.summary reports $(PART)
+	EAGERDECOMP_CONFORMANCE_OPSET=$(OPSET) $(PY) -m tests.conformance.summary $(CONF_REPORTS) $(PART)
 
 # every shard of a SHARDS-way split that has no rows in reports/shards/PART/ yet, then the
 # merge: stopped at any point, the next run goes on from the first missing shard
 SHARDS ?= 12
 conformance-resume: install
 	for i in $$(seq 1 $(SHARDS)); do \
-		[ -f reports/shards/$(PART)/$$i-of-$(SHARDS).json ] || $(MAKE) conformance SHARD=$$i/$(SHARDS) || true; \
+		[ -f $(CONF_REPORTS)/shards/$(PART)/$$i-of-$(SHARDS).json ] || $(MAKE) conformance SHARD=$$i/$(SHARDS) || true; \
 	done
 	$(MAKE) conformance-merge
 

@@ -21,12 +21,16 @@ import functools
 import importlib
 from collections.abc import Iterable
 
+import torch
 from torch._ops import OpOverload
 
+from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
 from eagerdecomp.ops.schema import is_out, overloads
-from eagerdecomp.ops.variants import foreach_table, variant_table
+from eagerdecomp.ops.variants import foreach_table, rule_target, variant_table
+
+aten = torch.ops.aten
 
 __all__ = ["default_table", "FAMILY_MODULES"]
 
@@ -122,6 +126,43 @@ def _refs_by_name() -> Table:
     return table
 
 
+def _unchecked_inplace(fn) -> bool:
+    """Whether ``fn`` is one of torch's generic in-place rules: torch._decomp's ``register_inplace``
+    (the functional op, then ``copy_`` into self with no dtype or shape check) or torch._refs'
+    ``_make_inplace`` (the out= form with self as out: it resizes a self smaller than the broadcast
+    shape, where eager refuses)."""
+    import torch._refs as refs
+
+    return getattr(fn, "__qualname__", "").startswith("register_inplace.") or (
+        getattr(fn, "__code__", None) is refs.abs_.__code__  # (every _make_inplace wrapper's code)
+    )
+
+
+def _prims_variants(table: Table, opset: OpSet) -> Table:
+    """Our in-place and out= rules a prims opset takes over the refs' (see the NOTEs)."""
+    # NOTE: torch's generic in-place rules (logit_, ldexp_, lt_, clamp_max_, ... ) skip eager's
+    # checks: an int64 tensor took logit_'s float result, a [5, 1] self lt_'s [5, 5] one. Our
+    # in-place rule checks cast and shape as eager does; the functional op it calls still lowers
+    # through the refs. The in-place and out= overloads no ref covers (mm.out, the special
+    # functions' out=) take the same rule, so they reach the opset wherever their functional op
+    # does; and so do those whose functional op has our own (or the user's) decomposition: a ref's
+    # in-place form calls its functional ref directly, past it (geometric_ drew rand_like of an
+    # int64 self, which has no uniform kernel).
+    # NOTE: our random decompositions draw eager's stream from aten.rand and its kin: an opset
+    # without aten.rand (plain prims) keeps the refs' prims draws for the random ones.
+    ours = PROJECT.keys() | USER.keys()
+    eager_draws = aten.rand.default in opset
+
+    def ours_first(op, fn) -> bool:
+        if op not in table:
+            return True
+        if torch.Tag.nondeterministic_seeded in op.tags and not eager_draws:
+            return False
+        return _unchecked_inplace(table[op]) or rule_target(fn) in ours
+
+    return {op: fn for op, fn in _derived(variant_table).items() if ours_first(op, fn)}
+
+
 @functools.cache
 def _derived(make) -> Table:
     return make(overloads("aten"))
@@ -146,8 +187,11 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # NOTE: our in-place/out= rules win over the core table's generic ones
         # (register_inplace): those copy_ the result back without eager's checks, so an int
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
-        # The refs a prims opset uses check through their out= wrapper.
+        # A prims opset takes them over the refs' in-place forms too (_prims_variants).
         table.update(_derived(variant_table))
+    else:
+        table.update(_prims_variants(table, opset))
+        table.update(PRIMS_TABLE)  # refs that answer otherwise than eager (prims_refs.py)
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)

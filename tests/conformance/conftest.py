@@ -135,9 +135,10 @@ def pytest_sessionfinish(session, exitstatus):
     narrowed = opt.keyword or opt.markexpr or getattr(opt, "lf", False) or any("::" in a for a in session.config.args)
     if narrowed:
         return
+    from .harness import reports_dir
     from .summary import write_shard, write_summary
 
-    reports = os.path.join(str(session.config.rootpath), "reports")
+    reports = reports_dir(os.path.join(str(session.config.rootpath), "reports"))
     if SHARD is not None:  # (a shard of the cross-sample tests alone has no rows: its failures count)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         failed = [r.nodeid for r in (reporter.stats.get("failed", []) if reporter else [])]

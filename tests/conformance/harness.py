@@ -2,8 +2,9 @@
 
 Every sample is run twice on independent copies of its inputs (same strides,
 storage offsets and aliasing between arguments): once natively and once under
-``EagerDecompMode("core_aten")`` with a :class:`RecordingMode` entered outside
-it, the independent witness of which ops reached the kernels. The two runs are
+``EagerDecompMode(OPSET)`` (``core_aten``; ``EAGERDECOMP_CONFORMANCE_OPSET`` or
+:func:`target` names another preset) with a :class:`RecordingMode` entered outside
+it, the independent witness of which ops reached the kernels (only ``OPSET``'s may). The two runs are
 then compared on everything eager guarantees: output structure, dtypes,
 shapes, values, significant strides, storage offsets of views, which inputs
 each output aliases (and whether it *is* an input object), and the state of
@@ -18,9 +19,9 @@ against float64 as for any approximation; everything else exactly).
 Classes (:data:`CLASSES`):
 
 ``pass``            decomposed (or bypassed) and eager-exact;
-``pass-native``     exact, and every op that reached the mode was already core;
-``unsupported``     the op has no path to core ATen (``blocker`` names the op);
-``wrong``           a silently different answer (or a non-core op leaked below the mode);
+``pass-native``     exact, and every op that reached the mode was already in the opset;
+``unsupported``     the op has no path to the opset (``blocker`` names the op);
+``wrong``           a silently different answer (or an op outside the opset leaked below the mode);
 ``error``           any other exception, a hang, or a RecursionError.
 """
 
@@ -43,14 +44,27 @@ from eagerdecomp.errors import UnsupportedOpError
 from eagerdecomp.testing import RecordingMode
 from tests.distributions import ALPHA, same_distribution
 
-__all__ = ["CLASSES", "Outcome", "run_sample", "VARIANTS", "SampleTimeout"]
+__all__ = ["CLASSES", "OPSET", "Outcome", "run_sample", "reports_dir", "target", "VARIANTS", "SampleTimeout"]
 
 CLASSES = ("pass", "pass-native", "unsupported", "wrong", "error")
 # fn: the functional call; inplace / out: the OpInfo's in-place and out= variants;
 # grad: gradients of the functional call (float64, differentiable ops only)
 VARIANTS = ("fn", "inplace", "out", "grad")
 
-OPSET = "core_aten"
+# the target opset, a preset name: EAGERDECOMP_CONFORMANCE_OPSET (make conformance OPSET=prims_fusion);
+# the witness checks against the same opset, and reports_dir keeps each opset's reports apart
+OPSET = os.environ.get("EAGERDECOMP_CONFORMANCE_OPSET") or "core_aten"
+if OPSET not in ed.PRESETS:
+    raise ValueError(f"EAGERDECOMP_CONFORMANCE_OPSET={OPSET!r}: expected one of {sorted(ed.PRESETS)}")
+
+
+def reports_dir(root: str) -> str:
+    """Where this opset's reports go: ``root`` itself for core ATen (its reports stay where they
+    always were), ``root/OPSET/`` for another preset (summary and shards), so no run overwrites
+    another opset's."""
+    return root if OPSET == "core_aten" else os.path.join(root, OPSET)
+
+
 # None, or the mode's compile= (then every sample warms up until its kernels are compiled)
 COMPILE = os.environ.get("EAGERDECOMP_CONFORMANCE_COMPILE") or None
 SEED = 1234
@@ -190,6 +204,20 @@ def compiled(compile="inductor"):
         yield
     finally:
         COMPILE, c.AFTER, c.MIN_NUMEL = saved
+
+
+@contextlib.contextmanager
+def target(opset: str):
+    """Within it, samples run under ``EagerDecompMode(opset)`` and the witness checks against
+    ``opset`` (what ``EAGERDECOMP_CONFORMANCE_OPSET`` sets for a whole run)."""
+    global OPSET
+    if opset not in ed.PRESETS:
+        raise ValueError(f"{opset!r} is not a preset: {sorted(ed.PRESETS)}")
+    saved, OPSET = OPSET, opset
+    try:
+        yield
+    finally:
+        OPSET = saved
 
 
 def _mode():
@@ -390,7 +418,7 @@ def _passed(mode, variant, **kw) -> Outcome:
 
 def _leaked(rec) -> str | None:
     bad = rec.outside(OPSET)
-    return f"non-core ops reached the kernels: {bad}" if bad else None
+    return f"ops outside {OPSET} reached the kernels: {bad}" if bad else None
 
 
 def run_variant(fn, sample_args, variant, make_out=None, values: bool = True) -> Outcome:

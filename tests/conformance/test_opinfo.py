@@ -1,4 +1,5 @@
-"""Conformance: every OpInfo sample, native vs ``EagerDecompMode("core_aten")``.
+"""Conformance: every OpInfo sample, native vs ``EagerDecompMode("core_aten")`` (or the preset
+``EAGERDECOMP_CONFORMANCE_OPSET`` names: ``make conformance OPSET=prims_fusion``).
 
 See :mod:`harness` for what is compared and how samples are classified, and
 :mod:`xfail` for the expected failures. A test covers one OpInfo at one dtype.
@@ -52,6 +53,6 @@ def test_opinfo(opinfo, dtype, results):
             results.add(name, dname, i, outcome, why)
     if exhaustive:
         for e, h in zip(entries, hit):
-            if not h:
+            if not h and e.strict:
                 problems.append(f"unexpected pass: no sample hit the expected failure {e}")
     assert not problems, f"{name} at {dname}:\n  " + "\n  ".join(problems[:20])

@@ -1,0 +1,122 @@
+"""Where a prims opset lowers through ``torch._refs`` and a ref answers otherwise than eager.
+
+An aten-based opset never meets these refs (core ATen keeps ``fill``, ``full_like`` and
+``empty``); a prims opset (``prims``, ``prims_fusion``) lowers every factory through them.
+:func:`eagerdecomp.decompositions.table.default_table` puts :data:`PRIMS_TABLE` above the refs
+for such opsets only. Each entry converts an argument as eager's C++ does (a fill value, a
+``None`` layout or memory format) or steps around a prim's meta (a 0-d ``as_strided``) or checks what eager's kernel
+refuses (a non-contiguous ``native_group_norm`` input), then calls the ref.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch._refs as refs
+from torch._prims_common import suggest_memory_format
+
+__all__ = ["PRIMS_TABLE", "eager_fill_value"]
+
+aten = torch.ops.aten
+
+# The C type eager's overflow message names for an integer dtype.
+_C_TYPES = {
+    torch.uint8: "uint8_t",
+    torch.int8: "int8_t",
+    torch.int16: "short",
+    torch.int32: "int",
+    torch.int64: "int64_t",
+}
+
+
+def eager_fill_value(value, dtype):
+    """``value`` as eager's Scalar conversion to ``dtype`` gives it: truncated toward zero into an
+    integer dtype (``RuntimeError`` past its range, or NaN and inf, as eager), ``value != 0`` into
+    bool. Other values and dtypes come back as they are (the ref judges them).
+
+    NOTE: ``torch._refs.fill`` refuses a number of a wider Python type than the dtype's (``0.0``
+    into int64, which ``F.pad``'s default value is; ``0`` into bool, which ``zeros(out=bool)``
+    writes), where eager converts it.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if dtype == torch.bool:
+        return value != 0
+    if dtype not in _C_TYPES:
+        return value
+    info = torch.iinfo(dtype)
+    if not math.isfinite(value) or not info.min <= value <= info.max:
+        raise RuntimeError(f"value cannot be converted to type {_C_TYPES[dtype]} without overflow")
+    return int(value)  # (C++'s static_cast truncates toward zero, as int() does)
+
+
+def fill(self, value):
+    return refs.fill(self, eager_fill_value(value, self.dtype))
+
+
+def full_like(self, fill_value, *, dtype=None, **kwargs):
+    return refs.full_like(self, eager_fill_value(fill_value, dtype or self.dtype), dtype=dtype, **kwargs)
+
+
+def empty(size, *, memory_format=None, **kwargs):
+    # NOTE: eager reads memory_format=None (what torch.empty(3) passes) as contiguous; the ref
+    # accepts only a memory format, so torch.empty(3) failed under a prims opset
+    return refs.empty(size, memory_format=torch.contiguous_format if memory_format is None else memory_format, **kwargs)
+
+
+def _strided_when_none(ref):
+    """``ref`` with eager's reading of ``layout=None``: strided.
+
+    NOTE: the factory refs check ``layout == torch.strided`` and refuse None, which eager's
+    Python API passes for every call that names no layout (``torch.full((2,), 1.0)``,
+    ``torch.arange(1, 7, 2)``, ``torch.empty_strided``)."""
+
+    def factory(*args, layout=None, **kwargs):
+        return ref(*args, layout=torch.strided if layout is None else layout, **kwargs)
+
+    factory.__name__ = factory.__qualname__ = ref.__name__
+    return factory
+
+
+def scalar_tensor(s, *, dtype=None, layout=None, **kwargs):
+    # NOTE: eager's scalar_tensor makes the default dtype whatever the number; the ref infers
+    # it from the number's type (torch.scalar_tensor(3) was int64)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    return refs.scalar_tensor(s, dtype=dtype, layout=torch.strided if layout is None else layout, **kwargs)
+
+
+def as_strided(a, size, stride, storage_offset=None):
+    if len(size) == 0:
+        # NOTE: prims.as_strided's meta multiplies the sizes with reduce() and no start value, so
+        # a 0-d view (as_strided's gradient at a one-element input) raised TypeError: take one
+        # element, then squeeze its dim (the same memory, a view as eager's)
+        return refs.squeeze(refs.as_strided(a, [1], [1], storage_offset), 0)
+    return refs.as_strided(a, size, stride, storage_offset)
+
+
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    # NOTE: eager's CPU kernel refuses an input that is not contiguous in its own memory format
+    # (a column-major or strided one; channels-last is fine); the ref computes any layout, so the
+    # mode answered where eager raises (test_layouts.py under prims_fusion)
+    if not input.is_contiguous(memory_format=suggest_memory_format(input)):
+        raise RuntimeError(
+            "Expected X.is_contiguous(memory_format) to be true, but got false.  (Could this error message be "
+            "improved?  If so, please report an enhancement request to PyTorch.)"
+        )
+    return refs.native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+
+
+PRIMS_TABLE = {
+    aten.native_group_norm.default: native_group_norm,
+    aten.as_strided.default: as_strided,
+    aten.fill.Scalar: fill,
+    aten.full_like.default: full_like,
+    aten.empty.memory_format: empty,
+    aten.full.default: _strided_when_none(refs.full),
+    aten.empty_strided.default: _strided_when_none(refs.empty_strided),
+    aten.scalar_tensor.default: scalar_tensor,
+    aten.arange.default: _strided_when_none(refs.arange),
+    aten.arange.start: _strided_when_none(refs.arange),
+    aten.arange.start_step: _strided_when_none(refs.arange),
+}

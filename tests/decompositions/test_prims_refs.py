@@ -1,0 +1,187 @@
+"""A prims opset's factories and in-place rules against eager (prims_refs.py, table.py).
+
+Found by the OpInfo conformance run under ``prims_fusion``: torch._refs refuse what eager
+accepts (``layout=None``, ``memory_format=None``, a fill value of a wider Python type), and
+torch._decomp's generic in-place rules write a result of a dtype eager refuses to cast.
+Every call is compared with native eager (values, dtype, shape, strides, inputs afterwards),
+the witness checking that only the preset's ops reached the kernels.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.compare import assert_raises_like_eager, check_against_eager
+
+aten = torch.ops.aten
+PRESETS = ("prims", "prims_fusion")
+
+FACTORIES = {
+    "empty-then-fill": lambda: torch.empty(3, 4).fill_(1.5),
+    "empty-channels-last": lambda: torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).zero_(),
+    "empty_strided": lambda: torch.empty_strided((2, 3), (1, 2)).fill_(2.0),
+    "full": lambda: torch.full((2, 3), 1.5),
+    "full-int-from-float": lambda: torch.full((2,), 2.7, dtype=torch.int64),
+    "full-int-from-negative-float": lambda: torch.full((3,), -2.7, dtype=torch.int8),
+    "full-bool-from-float": lambda: torch.full((2,), 0.5, dtype=torch.bool),
+    "full_like-int": lambda: torch.full_like(torch.zeros(2, 3, dtype=torch.int32).t(), -3.9),
+    "arange-start-step": lambda: torch.arange(1, 7, 2),
+    "arange-float": lambda: torch.arange(0.0, 1.0, 0.25),
+    "scalar_tensor-int": lambda: torch.scalar_tensor(3),
+    "scalar_tensor-bool-dtype": lambda: torch.scalar_tensor(2.5, dtype=torch.bool),
+    "zeros-out-bool": lambda: torch.zeros(2, 3, out=torch.empty(0, dtype=torch.bool)),
+    "ones-out-bool": lambda: torch.ones(2, 3, out=torch.empty(0, dtype=torch.bool)),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_factories_like_eager(name, preset):
+    check_against_eager(FACTORIES[name], opset=preset)
+
+
+# out= overloads of prims_fusion's library ops: no ref covers them; the variant rule (the
+# functional op, then eager's resize and copy_) reaches the preset through the library op
+LIBRARY_OUTS = {
+    "mm-out": lambda a, b: torch.mm(a, b, out=torch.empty(0)),
+    "bmm-out": lambda a, b: torch.bmm(a.unsqueeze(0), b.unsqueeze(0), out=torch.empty(5)),
+    "argmax-out": lambda a, b: torch.argmax(a, 1, out=torch.empty(0, dtype=torch.int64)),
+    "sort-values-out": lambda a, b: torch.sort(a, 1, out=(torch.empty(0), torch.empty(0, dtype=torch.int64))),
+}
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_OUTS))
+def test_library_op_outs_like_eager(name):
+    check_against_eager(LIBRARY_OUTS[name], torch.randn(3, 4), torch.randn(4, 2), opset="prims_fusion")
+
+
+# a float fill value into an integer tensor: eager truncates toward zero (F.pad's default value
+# is 0.0, whatever the input's dtype)
+FILLS = {
+    "fill_-int": lambda x: x.fill_(3.9),
+    "fill_-negative": lambda x: x.fill_(-3.9),
+    "pad-constant": lambda x: F.pad(x, (1, 2)),
+    "pad-value": lambda x: F.pad(x, (1, 1, 0, 1), value=-1.5),
+    "max_pool2d": lambda x: F.max_pool2d(x.view(1, 1, 4, 6), 2, padding=1),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", list(FILLS))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16])
+def test_float_fill_values_into_integers_like_eager(name, dtype, preset):
+    if name == "max_pool2d" and preset == "prims":
+        pytest.skip("max_pool2d reaches prims_fusion's library ops, not plain prims")
+    check_against_eager(FILLS[name], torch.arange(-12, 12, dtype=dtype).view(4, 6), opset=preset)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda: torch.full((2,), -2.7, dtype=torch.uint8),
+        lambda: torch.full((2,), 300, dtype=torch.uint8),
+        lambda: torch.zeros(3, dtype=torch.int64).fill_(float("nan")),
+        lambda: torch.zeros(3, dtype=torch.int32).fill_(float("inf")),
+    ],
+    ids=["negative-into-uint8", "past-uint8", "nan-into-int64", "inf-into-int32"],
+)
+def test_fill_values_eager_refuses_raise_eagers_error(fn):
+    assert_raises_like_eager(fn, opset="prims_fusion", message=True)
+
+
+# NOTE: torch._decomp's register_inplace rules (36 ops) copied the float result of logit_ /
+# ldexp_ into an integer or bool self, where eager refuses the cast.
+INPLACE = {
+    "logit_-int64": lambda: torch.arange(3).logit_(),
+    "ldexp_-bool": lambda: torch.ones(3, dtype=torch.bool).ldexp_(torch.ones(3, dtype=torch.bool)),
+    "ldexp_-int64": lambda: torch.arange(3).ldexp_(torch.arange(3)),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", list(INPLACE))
+def test_inplace_refuses_the_cast_eager_refuses(name, preset):
+    assert_raises_like_eager(INPLACE[name], opset=preset, message="can't be cast to the desired output type")
+
+
+# NOTE: torch._refs' in-place forms (113 ops: the out= form with self as out) resized a self
+# smaller than the broadcast shape, where eager refuses it
+BROADCAST_SELF = {
+    "lt_": lambda: torch.zeros(5, 1).lt_(torch.zeros(5)),
+    "clamp_max_": lambda: torch.zeros(5, 1, dtype=torch.int64).clamp_max_(torch.ones(5, dtype=torch.int64)),
+    "xlogy_": lambda: torch.ones(5, 1).xlogy_(torch.ones(5)),
+    "add_": lambda: torch.ones(1, 3).add_(torch.ones(2, 3)),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name", list(BROADCAST_SELF))
+def test_inplace_refuses_to_grow_self_like_eager(name, preset):
+    assert_raises_like_eager(BROADCAST_SELF[name], opset=preset, message="doesn't match the broadcast shape")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_inplace_rules_still_write_what_eager_writes(preset):
+    check_against_eager(lambda x: x.logit_(eps=1e-3), torch.rand(3, 4).t(), opset=preset, exact=False)
+    check_against_eager(lambda x: x.ldexp_(torch.tensor([1.0, 2.0, 3.0])), torch.randn(2, 3), opset=preset)
+    check_against_eager(lambda x: x.lt_(torch.zeros(3)), torch.randn(4, 3).t().t(), opset=preset)
+    check_against_eager(lambda x: x.clamp_max_(0.5).add_(torch.ones(3), alpha=2), torch.randn(2, 3), opset=preset)
+
+
+def _seeded(fn):
+    def call(*args):
+        torch.manual_seed(0)
+        return fn(*args)
+
+    return call
+
+
+# NOTE: a ref's in-place form calls its functional ref directly, past our decomposition of the
+# functional op: geometric_ of an int64 tensor drew rand_like(int64) and raised; in-place forms
+# of ops with our own decomposition now take it (eager's very numbers here; plain prims has no
+# random op drawing eager's stream)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_inplace_forms_take_our_functional_decomposition(dtype):
+    check_against_eager(_seeded(lambda x: x.geometric_(0.2)), torch.zeros(4, 5, dtype=dtype), opset="prims_fusion")
+    check_against_eager(_seeded(lambda x: x.exponential_(1.5)), torch.zeros(4, 5), opset="prims_fusion")
+
+
+# NOTE: prims.as_strided's meta fails on a 0-d size (reduce() with no start value): as_strided's
+# gradient at a one-element input asks for one
+@pytest.mark.parametrize("preset", PRESETS)
+def test_zero_dim_as_strided_like_eager(preset):
+    check_against_eager(lambda x: torch.as_strided(x, (), (), 2), torch.arange(4.0), opset=preset)
+    if preset == "prims_fusion":  # (a scatter: index_put, one of its library ops)
+        check_against_eager(
+            lambda x: torch.as_strided_scatter(x, torch.tensor(7.0), (), (), 1), torch.arange(4.0), opset=preset
+        )
+
+    def grad(x):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad(torch.as_strided(x, (1,), (1,), 0), x, torch.ones(1, dtype=x.dtype))
+
+    check_against_eager(grad, torch.randn(1, dtype=torch.float64), opset=preset)
+
+
+# NOTE: found by test_layouts.py under prims_fusion: on the bypass path (polygamma decomposes
+# eagerly: its n is data), the runtime moves a resized out= to eager's strides with aten.clone
+# (exact.relayout, called by runtime/core.py without the lowerer), which prims_fusion lacks: a
+# leak (polygamma(2, x, out=) of a column-major x). The fix routes relayout's and unalias' ops
+# through the call's Lowerer (as direct._RealFixups does on the direct tier), in runtime/core.py.
+@pytest.mark.xfail(strict=True, reason="bypass-path fix-ups call aten.clone outside the preset (runtime/core.py)")
+def test_bypass_path_fixups_stay_in_the_preset():
+    out = lambda x, o: torch.polygamma(2, x, out=o)  # noqa: E731
+    check_against_eager(out, torch.rand(5, 5).t() + 0.5, torch.empty(0), opset="prims_fusion", exact=False)
+
+
+# NOTE: eager's native_group_norm refuses an input not contiguous in its memory format; the ref
+# computed any layout (test_layouts.py under prims_fusion: strided, column-major)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_native_group_norm_layouts_like_eager(preset):
+    def group_norm(x):
+        return aten.native_group_norm(x, None, None, 2, 4, 9, 2, 1e-5)
+
+    assert_raises_like_eager(group_norm, torch.randn(2, 4, 3, 3).transpose(2, 3), opset=preset, message=True)
+    cl = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last)
+    check_against_eager(group_norm, cl, opset=preset, exact=False)
+    check_against_eager(group_norm, torch.randn(2, 4, 3, 3), opset=preset, exact=False)
