@@ -31,6 +31,7 @@ from eagerdecomp.runtime.disk import enabled as disk_enabled
 from eagerdecomp.runtime.disk import every_key, store_for
 from eagerdecomp.runtime.exact import (
     Refusal,
+    _call,
     check_devices,
     concrete_fake_mode,
     fakes_like,
@@ -75,10 +76,6 @@ _BYPASS_TAGS = {
     torch.Tag.data_dependent_output: "data-dependent output",
     torch.Tag.dynamic_output_shape: "dynamic output shape",
 }
-
-
-def _call(func, args, kwargs):
-    return func(*args, **kwargs)
 
 
 def _unstrided_layout(args, kwargs):
@@ -586,7 +583,12 @@ class Runtime:
         if refusal is not None:  # the decomposition raised nothing of its own where eager refuses
             raise refusal.error
         self.stats.record(func, Route.EAGER, reason, cache)
-        return relayout(func, args, kwargs, unalias(func, args, kwargs, out), ref)
+
+        # (the fix-ups lowered as the call was: clone or empty_strided may be outside the opset)
+        def fix(op, a, k):
+            return op(*a, **k) if op in opset else lowerer.lower(op, a, k)
+
+        return relayout(func, args, kwargs, unalias(func, args, kwargs, out, fix), ref, fix)
 
     def unsupported(self, func, args, kwargs, error: UnsupportedOpError, cache=None, keyed=False):
         """No path to the opset: the composite kernel (device switch), the CPU tier, an error, or

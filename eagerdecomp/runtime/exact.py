@@ -605,6 +605,10 @@ _META_LAYOUT_FIXES = {
 }
 
 
+def _call(func, args, kwargs):
+    return func(*args, **kwargs)
+
+
 def flat_tensors(args, kwargs) -> list:
     out: list = []
 
@@ -760,10 +764,12 @@ def layout_matters(func) -> bool:
     return (functional or resizes_like_functional(func)) and returns_tensor(func)
 
 
-def relayout(func, args, kwargs, out, ref):
+def relayout(func, args, kwargs, out, ref, run=None):
     """On the bypass path (after :func:`unalias`): each output given eager's strides where
     the decomposition's differ, as :func:`finish_outputs` does when tracing. ``ref`` is
-    :func:`reference` taken before the call (an out= is resized by it); None: no meta kernel."""
+    :func:`reference` taken before the call (an out= is resized by it); None: no meta kernel.
+    ``run(op, args, kwargs)`` runs each fix-up op (the call's lowering, so they stay in its opset)."""
+    run = run or _call
     if ref is None:
         return out
     written = {id(t) for t in flat_tensors((), {k: v for k, v in kwargs.items() if k in out_args(func)})}
@@ -776,22 +782,25 @@ def relayout(func, args, kwargs, out, ref):
             continue
         if id(o) in written:  # a resized out=: rewritten in place at eager's strides
             if not _same_view(r, o):
-                values = aten.clone.default(o)
-                aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
-                aten.copy_.default(o, values)
+                values = run(aten.clone.default, (o,), {})
+                run(aten.as_strided_.default, (o, list(r.shape), list(r.stride()), r.storage_offset()), {})
+                run(aten.copy_.default, (o, values), {})
             elif o.stride() != r.stride():  # only size-1 dims differ: metadata alone
-                aten.as_strided_.default(o, list(r.shape), list(r.stride()), r.storage_offset())
+                run(aten.as_strided_.default, (o, list(r.shape), list(r.stride()), r.storage_offset()), {})
         elif not same_strides(r, o) and not (
             i < len(ref.shares) and ref.shares[i]
         ):  # (eager's views are not ours to move)
-            fresh = aten.empty_strided.default(list(r.shape), list(r.stride()), dtype=o.dtype, device=o.device)
-            flat[i] = aten.copy_.default(fresh, o)
+            where = {"dtype": o.dtype, "device": o.device}
+            fresh = run(aten.empty_strided.default, (list(r.shape), list(r.stride())), where)
+            flat[i] = run(aten.copy_.default, (fresh, o), {})
     return tree_unflatten(flat, spec)
 
 
-def unalias(func, args, kwargs, out):
+def unalias(func, args, kwargs, out, run=None):
     """On the bypass path (no kernel): a functional op's outputs that share memory with an
     input are cloned, as :func:`finish_outputs` does when tracing.
+
+    ``run``: as :func:`relayout`'s.
 
     NOTE: judged by the schema alone, so an op that returns views without saying so
     (unsafe_split) would be cloned here; such ops trace, and never take this path.
@@ -804,7 +813,7 @@ def unalias(func, args, kwargs, out):
     if not any(isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs for o in flat):
         return out
     flat = [
-        aten.clone.default(o)
+        (run or _call)(aten.clone.default, (o,), {})
         if isinstance(o, torch.Tensor) and o.layout == torch.strided and _storage(o) in inputs
         else o
         for o in flat

@@ -166,9 +166,8 @@ def test_zero_dim_as_strided_like_eager(preset):
 # NOTE: found by test_layouts.py under prims_fusion: on the bypass path (polygamma decomposes
 # eagerly: its n is data), the runtime moves a resized out= to eager's strides with aten.clone
 # (exact.relayout, called by runtime/core.py without the lowerer), which prims_fusion lacks: a
-# leak (polygamma(2, x, out=) of a column-major x). The fix routes relayout's and unalias' ops
-# through the call's Lowerer (as direct._RealFixups does on the direct tier), in runtime/core.py.
-@pytest.mark.xfail(strict=True, reason="bypass-path fix-ups call aten.clone outside the preset (runtime/core.py)")
+# leak (polygamma(2, x, out=) of a column-major x). relayout's and unalias' ops now go through
+# the call's Lowerer (as direct._RealFixups does on the direct tier).
 def test_bypass_path_fixups_stay_in_the_preset():
     out = lambda x, o: torch.polygamma(2, x, out=o)  # noqa: E731
     check_against_eager(out, torch.rand(5, 5).t() + 0.5, torch.empty(0), opset="prims_fusion", exact=False)
