@@ -113,10 +113,11 @@ zoo: install
 # PyTorch's own device-generic test suites (../shared/data/pytorch-tests: test_view_ops, test_torch,
 # test_nn; PyTorch 2.4.0's) on edref with the switch and on CPU, from a temporary copy; fails on any
 # result tests/devsuites/known.py does not expect. Summary in reports/devsuites.md. About an hour
-# on 2 cores (make test runs a fixed slice: tests/test_devsuites.py).
+# on 2 cores (make test runs a fixed slice: tests/test_devsuites.py). DEVICE=edprims: on the prims
+# reference device instead (summary in reports/devsuites-edprims.md).
 DEVSUITE_JOBS ?= 2
 devsuites: install
-	$(PY) -m tests.devsuites --jobs $(DEVSUITE_JOBS) $(DEVSUITE_ARGS)
+	$(PY) -m tests.devsuites --jobs $(DEVSUITE_JOBS) $(if $(DEVICE),--device $(DEVICE)) $(DEVSUITE_ARGS)
 
 # the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
 STRESS_RUNS ?= 100

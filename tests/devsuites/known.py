@@ -1,9 +1,10 @@
-"""Tests of PyTorch's device suites expected to fail on edref, each with its reason.
+"""Tests of PyTorch's device suites expected to fail on a reference device, each with its reason.
 
-A reason is an op with no path to edref's kernels, a device feature edref does not
-offer, or a test that assumes its device is CPU or CUDA; never a wrong result.
+A reason is an op with no path to the device's kernels, a device feature the reference
+devices do not offer, or a test that assumes its device is CPU or CUDA; never a wrong result.
 Entries are generic test ids (the device written ``DEVICE``); ``*`` matches any run of
-characters, for a test's parametrized copies.
+characters, for a test's parametrized copies. :data:`_BY_REASON` holds for both reference
+devices (``edref``, ``edprims``); :data:`_BY_DEVICE` adds what one of them alone expects.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ _BY_REASON: dict[str, str] = {
     "no path: the fused optimizer kernels (_fused_adam_, _fused_adamw_, _fused_sgd_) have no decomposition": """
         test_torch.py::TestTorchDeviceType::test_grad_scaling_autocast_foreach2_fused_True_*_DEVICE_float32
     """,
-    "device feature: quantized tensors (edref has no quantized backend)": """
+    "device feature: quantized tensors (the reference devices have no quantized backend)": """
         test_view_ops.py::TestOldViewOps::test_flatten_DEVICE
         test_view_ops.py::TestOldViewOps::test_ravel_DEVICE
     """,
-    "device feature: sparse tensors (edref has no sparse backend)": """
+    "device feature: sparse tensors (the reference devices have no sparse backend)": """
         test_torch.py::TestTorchDeviceType::test_grad_scaling_unscale_sparse_DEVICE_float32
         test_torch.py::TestTorchDeviceType::test_memory_format_empty_like_DEVICE
     """,
-    "device feature: nested tensors (edref has no NestedTensor backend)": """
+    "device feature: nested tensors (the reference devices have no NestedTensor backend)": """
         test_nn.py::TestNNDeviceType::test_TransformerEncoderLayer_empty_DEVICE
     """,
     "the test assumes CPU or CUDA: it expects CPU's storage classes (torch.FloatStorage) on any other device; "
@@ -48,20 +49,28 @@ _BY_REASON: dict[str, str] = {
 }
 
 
+# device -> its own expected failures beyond _BY_REASON
+_BY_DEVICE: dict[str, dict[str, str]] = {
+    "edref": {},
+    "edprims": {},
+}
+
+
 @functools.cache
-def _patterns() -> tuple:
-    return tuple((p, reason) for reason, ids in _BY_REASON.items() for p in ids.split())
+def _patterns(device: str) -> tuple:
+    tables = (_BY_REASON, _BY_DEVICE[device])
+    return tuple((p, reason) for table in tables for reason, ids in table.items() for p in ids.split())
 
 
-def reason_for(test_id: str) -> str | None:
-    """Why ``test_id`` is expected to fail on edref, or None."""
-    for pattern, reason in _patterns():
+def reason_for(test_id: str, device: str = "edref") -> str | None:
+    """Why ``test_id`` is expected to fail on ``device`` (a reference device), or None."""
+    for pattern, reason in _patterns(device):
         if fnmatch.fnmatchcase(test_id, pattern):
             return reason
     return None
 
 
-def unused(test_ids) -> list:
+def unused(test_ids, device: str = "edref") -> list:
     """Patterns that match none of ``test_ids`` (stale entries, in a run of every test)."""
     ids = list(test_ids)
-    return [p for p, _ in _patterns() if not any(fnmatch.fnmatchcase(t, p) for t in ids)]
+    return [p for p, _ in _patterns(device) if not any(fnmatch.fnmatchcase(t, p) for t in ids)]
