@@ -104,11 +104,15 @@ models: install
 # device with the switch), one child per 8 models (make test runs 3, and 1 on edref); a row per
 # model in reports/zoo[-DEVICE]/rows/ (a later run goes on from the first missing one), then
 # reports/zoo[-DEVICE].md. About an hour on one core. DEVICE=edref:cpu: with the CPU tier on
-# (on_unsupported="cpu"); the summary names the ops each model ran there.
+# (on_unsupported="cpu"); the summary names the ops each model ran there. DEVICE=edprims: on the
+# prims reference device; OPSET=prims_fusion: under the mode with that preset (reports/zoo-prims_fusion.md).
+# EVERY=N: every Nth model only (a sample; the summary counts the rows written).
 DEVICE ?=
+OPSET ?= core_aten
+EVERY ?= 1
 zoo: install
-	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
-		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --summary > /dev/null; exit $$s
+	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) EAGERDECOMP_ZOO_OPSET=$(OPSET) EAGERDECOMP_ZOO_EVERY=$(EVERY) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
+		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --opset $(OPSET) --summary > /dev/null; exit $$s
 
 # PyTorch's own device-generic test suites (../shared/data/pytorch-tests: test_view_ops, test_torch,
 # test_nn; PyTorch 2.4.0's) on edref with the switch and on CPU, from a temporary copy; fails on any
