@@ -170,3 +170,47 @@ def test_select_of_conjugated_and_negated_views(opset):
         assert meta(got) == meta(want)
         assert want._base is x and got._base is x  # a view of x, as eager's
         assert torch.equal(got.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg())
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - the error is the result compared
+        return e
+
+
+@pytest.mark.parametrize("opset", ["prims", PRESET])
+def test_views_and_their_errors_are_eagers(opset):
+    # found by PyTorch's test_view_ops.py on edprims: view(dtype) read the dtype as a shape
+    # (TypeError), expand's mismatch had other words, view's incompatible strides a ValueError
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    t = torch.rand(4, 2, 5, 1, 6, 2, 9, 3).transpose(-1, 2).transpose(-2, 3)
+    one = torch.randn(1, 3)
+    calls = [
+        lambda: x.view(torch.int32),
+        lambda: x.view(torch.int16),
+        lambda: x.view(torch.float64),
+        lambda: x.t().view(torch.int16),  # eager's error: the last stride must be 1
+        lambda: x[:, 1:].view(torch.float64),  # eager's error: the last size must divide
+        lambda: x.expand(3, 1),
+        lambda: x.expand(2),
+        lambda: x.expand(-1, 3, 4),
+        lambda: x.expand(2, -1, -1),
+        lambda: torch.broadcast_to(x, (4, 1, 1)),
+        lambda: one.expand(2, -1, 3),
+        lambda: t.view(8, 1, 3, 3, 3, 4, 1, 3, 5),
+        lambda: t.view(-1),
+        lambda: x.view(7, -1),
+        lambda: torch.empty(0).view(-1, 0),
+    ]
+    for i, call in enumerate(calls):
+        want = _outcome(call)
+        with RecordingMode() as rec, ed.EagerDecompMode(opset):
+            got = _outcome(call)
+        if isinstance(want, Exception):
+            assert (type(got), str(got)) == (type(want), str(want)), i
+            continue
+        rec.assert_only(opset)
+        assert isinstance(got, torch.Tensor), (i, got)
+        meta = lambda t: (t.dtype, t.shape, t.stride(), t.storage_offset(), t.untyped_storage().data_ptr())  # noqa: E731
+        assert meta(got) == meta(want) and torch.equal(got, want), i
