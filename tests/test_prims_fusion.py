@@ -17,7 +17,7 @@ import eagerdecomp as ed
 from eagerdecomp.demo import SmallCNN, TransformerBlock, train_step
 from eagerdecomp.ops.opset import PRIMS_LIBRARY_OPS, RUNTIME_EXTRAS
 from eagerdecomp.testing import RecordingMode
-from tests.compare import assert_params_close, train_like_eager
+from tests.test_training import _compare
 
 aten = torch.ops.aten
 PRESET = "prims_fusion"
@@ -58,12 +58,9 @@ _block.batch = TransformerBlock.batch
 
 @pytest.mark.parametrize("model_cls", [_block, SmallCNN], ids=["transformer", "cnn"])
 def test_demo_models_train_like_native_reaching_only_the_preset(model_cls):
-    native, ours, mode, grads, rec = train_like_eager(model_cls, PRESET)
+    mode, rec = _compare(model_cls, PRESET, witness=True)  # test_training's comparison, under the preset
     assert any(op.namespace == "prims" for op in rec.ops)  # a prims program reached the kernels
     assert _native_ops(model_cls) - set(rec.ops)  # (and not the native one)
-    assert_params_close(native, ours, grads)
-    for b, c in zip(native.buffers(), ours.buffers()):  # batch norm's running statistics
-        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5)
     passed = {r.op for r in mode.report().rows if r.route == "passthrough"}
     assert passed <= {str(op) for op in ed.OpSet.preset(PRESET)} | {
         "profiler._record_function_enter_new.default",
