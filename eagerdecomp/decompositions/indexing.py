@@ -3,9 +3,9 @@
 Found by replaying the aten calls of real training steps (PyTorch's benchmark operator logs).
 Here: ``lift_fresh_copy``, index_put's private forms, ``index_reduce``, ``repeat_interleave``,
 ``embedding_renorm``, ``as_strided_scatter``, ``nonzero_static``, ``select.int``, ``view.dtype``,
-``expand`` and ``view`` (for opsets without them: prims), ``masked_select``, ``put``, the legacy
-``scatter(reduce=)``, and out= forms that lay out their result as eager does (``ones``/``zeros``,
-``cat``, ``nonzero``).
+``expand``, ``view`` and ``constant_pad_nd`` (for opsets without them: prims), ``masked_select``,
+``put``, the legacy ``scatter(reduce=)``, and out= forms that lay out their result as eager does
+(``ones``/``zeros``, ``cat``, ``nonzero``).
 """
 
 from __future__ import annotations
@@ -293,6 +293,34 @@ def view(self, size):
             "view size is not compatible with input tensor's size and stride (at least one dimension spans "
             "across two contiguous subspaces). Use .reshape(...) instead."
         ) from None
+
+
+# C's names in eager's message for a fill value an integer dtype cannot hold (c10's checked_convert)
+_C_INT_NAMES = {
+    torch.uint8: "uint8_t",
+    torch.int8: "int8_t",
+    torch.int16: "int16_t",
+    torch.int32: "int",
+    torch.int64: "int64_t",
+}
+
+
+# NOTE: core ATen keeps constant_pad_nd; for prims opsets torch's ref fills with the value as
+# given, and refuses a float for an integer tensor ("cannot be safely cast"): F.pad passes its
+# value as a float, so F.pad(labels, (0, 1), value=-100) (transformers' causal-LM loss) failed.
+# Eager converts the value to the dtype as C++ does: truncated, checked for overflow.
+@project_decomposition(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    if isinstance(value, float) and self.dtype == torch.bool:
+        value = bool(value)
+    elif isinstance(value, float) and self.dtype in _C_INT_NAMES:
+        info = torch.iinfo(self.dtype)
+        torch._check(
+            info.min <= value <= info.max,  # (False for NaN)
+            lambda: f"value cannot be converted to type {_C_INT_NAMES[self.dtype]} without overflow",
+        )
+        value = int(value)  # toward zero, as C++'s conversion
+    return torch._refs.constant_pad_nd(self, pad, value)
 
 
 # NOTE: no decomposition in PyTorch. Indexing with a boolean mask is core
