@@ -87,7 +87,12 @@ UNSUPPORTED = {
         "transformers/FNetForMaskedLM": "aten.view_as_real.default",
         "transformers/Llama4TextModel": "aten.view_as_real.default",
     },
-    "prims_fusion": {},
+    "prims_fusion": {
+        # LocalResponseNorm pools over channels with avg_pool3d: the preset keeps avg_pool2d alone
+        "cnn/AlexNet": "aten.avg_pool3d.default",
+        # core ATen keeps masked_scatter; prims has no scatter by a mask (nor a decomposition to index_put)
+        "transformers/HiggsAudioV2ForConditionalGeneration": "aten.masked_scatter.default",
+    },
 }
 # reference device -> its preset (eagerdecomp.device.refdev.REFERENCE_DEVICES)
 _DEVICE_PRESET = {"edref": "core_aten", "edprims": "prims_fusion"}

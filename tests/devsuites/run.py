@@ -229,6 +229,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a single test may run")
     p.add_argument("--out", help="path stem of the .md and .json summary (default: reports/devsuites[-DEVICE])")
     p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    p.add_argument(
+        "--cpu-from",
+        help="take the CPU control run from this earlier summary's .json (same torch, files and selection) "
+        "instead of running it again: one CPU run serves edref and edprims",
+    )
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="devsuites-"))
     try:
@@ -236,7 +241,11 @@ def main(argv=None) -> int:
             shutil.copy(SOURCE / name, workdir / name)
         (workdir / "pytest.ini").write_text("[pytest]\n")  # no rootdir config above the copy
         select = Path(args.select).resolve() if args.select else None
-        cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
+        if args.cpu_from:
+            earlier = json.loads(Path(args.cpu_from).read_text())["cpu"]
+            cpu = {t: r for t, r in earlier.items() if t.split("::")[0] in args.files}
+        else:
+            cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
         dev = run_device(args.device, workdir, args.files, select, args.jobs, args.timeout)
         verdicts = compare(cpu, dev, args.device)
         stale = [] if select else [p for p in unused(cpu, args.device) if p.split("::")[0] in args.files]
