@@ -134,6 +134,13 @@ def test_a_model_matches_native_on_the_reference_device():
     _assert_matches(_row("transformers/GPT2LMHeadModel", "edref", ["transformers/GPT2LMHeadModel"]))
 
 
+@pytest.mark.skipif(ALL, reason="make zoo OPSET=prims_fusion runs every model under the preset")
+def test_a_model_matches_native_under_prims_fusion():
+    # a causal LM: its loss pads the labels (F.pad with a float value on int64), and it generates
+    name = "transformers/GPT2LMHeadModel"
+    _assert_matches(_row(name, None, [name], "prims_fusion"), "prims_fusion")
+
+
 # -- the judge itself: a check that cannot fail is no check -----------------------------------------
 
 
