@@ -243,3 +243,21 @@ def test_causal_lm_loss_like_eager():
         got = loss()
     rec.assert_only(PRESET)
     torch.testing.assert_close(got, loss(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.float64])
+def test_geometric_and_exponential_in_place_draw_eagers_numbers(dtype):
+    # torch's in-place refs came first in a prims table: another stream, and an integer
+    # geometric_ on edprims was refused by the uniform_ kernel filling it (test_torch's test_geometric)
+    calls = [lambda t: t.geometric_(0.3)]
+    if dtype.is_floating_point:
+        calls.append(lambda t: t.exponential_(2.0))
+    for call in calls:
+        torch.manual_seed(3)
+        want = call(torch.empty(5, 7, dtype=dtype))
+        torch.manual_seed(3)
+        with RecordingMode() as rec, ed.EagerDecompMode(PRESET):
+            got = call(torch.empty(5, 7, dtype=dtype))
+        rec.assert_only(PRESET)
+        # (float64 exponential_: eager's numbers but for log1p's last bit, decompositions/rng.py)
+        torch.testing.assert_close(got, want, rtol=1e-15 if dtype == torch.float64 else 0, atol=0)

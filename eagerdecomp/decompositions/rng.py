@@ -183,6 +183,21 @@ def exponential(self, lambd=1.0, *, generator=None):
     return out if self.dtype == torch.float64 else aten._to_copy.default(out, dtype=self.dtype)
 
 
+# NOTE: torch's refs have in-place forms of these two, which a prims opset's table takes before
+# the in-place variant rule would reach the functional ones above: their draws are not eager's
+# (a uniform in self's dtype; for an integer geometric_ on edprims, refused by the uniform_ kernel
+# that fills it). Written in place here, as under core ATen.
+@project_decomposition(aten.geometric_.default)
+def geometric_(self, p, *, generator=None):
+    return aten.copy_.default(self, geometric(self, p, generator=generator))
+
+
+@project_decomposition(aten.exponential_.default)
+def exponential_(self, lambd=1.0, *, generator=None):
+    out = exponential(self, lambd, generator=generator)
+    return NotImplemented if out is NotImplemented else aten.copy_.default(self, out)
+
+
 @project_decomposition(aten.bernoulli.p)
 def bernoulli_p(self, p=0.5, *, generator=None):
     # NOTE: dropout's training path on CPU (aten::dropout is bernoulli_(1 - p) there, never

@@ -150,6 +150,9 @@ def test_random_factories_draw_eager_numbers_on_the_device():
             "uniform_": lambda d: torch.empty(6, device=d, dtype=torch.float64).uniform_(-1.0, 2.0),
             "init.normal_": lambda d: torch.nn.init.normal_(torch.empty(4, 4, device=d)),
             "init.trunc_normal_": lambda d: torch.nn.init.trunc_normal_(torch.empty(8, device=d)),
+            # (torch's in-place ref drew a uniform in the tensor's dtype: refused for integers)
+            "geometric_ int32": lambda d: torch.empty(6, dtype=torch.int32, device=d).geometric_(0.3),
+            "geometric_": lambda d: torch.empty(6, device=d).geometric_(0.3),
         }
         res = {}
         for name, call in calls.items():
@@ -161,4 +164,4 @@ def test_random_factories_draw_eager_numbers_on_the_device():
         print(json.dumps(res))
         """
     )
-    assert out == {name: [True, True, True] for name in out} and len(out) == 7, out
+    assert out == {name: [True, True, True] for name in out} and len(out) == 9, out
