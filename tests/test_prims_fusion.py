@@ -261,3 +261,23 @@ def test_geometric_and_exponential_in_place_draw_eagers_numbers(dtype):
         rec.assert_only(PRESET)
         # (float64 exponential_: eager's numbers but for log1p's last bit, decompositions/rng.py)
         torch.testing.assert_close(got, want, rtol=1e-15 if dtype == torch.float64 else 0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["gt_", "ne_", "eq_", "pow_", "atan2_", "add_", "mul_"])
+def test_in_place_op_refuses_a_self_too_small_for_the_broadcast(name):
+    # torch's in-place refs resized self to the broadcast shape (with a deprecation warning)
+    # where eager raises: small.gt_(large) became [4, 3] under the preset
+    small, large = torch.randn(1, 3), torch.randn(4, 3)
+    with pytest.raises(RuntimeError) as want:
+        getattr(small.clone(), name)(large)
+    mine = small.clone()
+    with ed.EagerDecompMode(PRESET), pytest.raises(RuntimeError, match=r"doesn't match the broadcast shape"):
+        getattr(mine, name)(large)
+    assert "broadcast shape" in str(want.value) and mine.shape == small.shape and torch.equal(mine, small)
+    # the broadcast the other way is eager's
+    big = large.clone()
+    with RecordingMode() as rec, ed.EagerDecompMode(PRESET):
+        got = getattr(big, name)(small)
+    rec.assert_only(PRESET)
+    want_big = getattr(large.clone(), name)(small)
+    assert got is big and torch.equal(got.nan_to_num(), want_big.nan_to_num()) and got.dtype == want_big.dtype

@@ -21,11 +21,12 @@ import functools
 import importlib
 from collections.abc import Iterable
 
+import torch
 from torch._ops import OpOverload
 
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
-from eagerdecomp.ops.schema import is_out, overloads
+from eagerdecomp.ops.schema import is_inplace, is_out, overloads
 from eagerdecomp.ops.variants import foreach_table, variant_table
 
 __all__ = ["default_table", "FAMILY_MODULES"]
@@ -146,8 +147,21 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
         # NOTE: our in-place/out= rules win over the core table's generic ones
         # (register_inplace): those copy_ the result back without eager's checks, so an int
         # tensor took a float result (x.logit_()) and a [1] tensor a [5, 5] one (addcmul_).
-        # The refs a prims opset uses check through their out= wrapper.
         table.update(_derived(variant_table))
+    else:
+        # NOTE: and over torch's in-place refs (gt_ is gt with out=self): their out= wrapper resizes
+        # a self too small for the broadcast result, with a deprecation warning, where eager's
+        # in-place op raises (on edprims small.gt_(large) became [4, 3]: test_torch's
+        # test_broadcast_fn_gt). The refs' out= forms resize as eager's out= does: kept; and so are
+        # the random in-place ones (they fill self, broadcasting nothing; prims.uniform serves uniform_
+        # in pure prims, where our uniform's aten.rand has no path; rng.py writes its own).
+        table.update(
+            {
+                op: fn
+                for op, fn in _derived(variant_table).items()
+                if is_inplace(op) and torch.Tag.nondeterministic_seeded not in op.tags
+            }
+        )
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)
