@@ -281,3 +281,17 @@ def test_in_place_op_refuses_a_self_too_small_for_the_broadcast(name):
     rec.assert_only(PRESET)
     want_big = getattr(large.clone(), name)(small)
     assert got is big and torch.equal(got.nan_to_num(), want_big.nan_to_num()) and got.dtype == want_big.dtype
+
+
+@pytest.mark.parametrize("opset", ["core_aten", PRESET])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_exponential_of_an_infinite_rate_is_eagers_zeros(opset, dtype):
+    # the decomposition declined lambd=inf ("no path"), where eager draws -1/inf * log1p(-u): zeros
+    # (test_torch's test_exponential on edref and edprims)
+    torch.manual_seed(0)
+    want = torch.empty(9, dtype=dtype).exponential_(float("inf"))
+    torch.manual_seed(0)
+    with RecordingMode() as rec, ed.EagerDecompMode(opset):
+        got = torch.empty(9, dtype=dtype).exponential_(float("inf"))
+    rec.assert_only(opset)
+    assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())

@@ -176,7 +176,7 @@ def exponential(self, lambd=1.0, *, generator=None):
     # element (exponential_distribution<double>) and computes -1/lambda * log1p(-u) in double,
     # then rounds to self's dtype. So here: eager's numbers, but for the last bit of log1p,
     # which the vectorized kernel and the C library may round apart (float64 results only).
-    if not self.dtype.is_floating_point or not lambd > 0 or math.isinf(lambd):
+    if not self.dtype.is_floating_point or not lambd > 0:
         return NotImplemented  # eager's argument errors come from its kernel's checks
     u = _draw(aten.rand.default, self, torch.float64, generator=generator)
     out = aten.mul.Tensor(aten.log1p.default(aten.neg.default(u)), -1.0 / lambd)
