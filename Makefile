@@ -108,19 +108,24 @@ models: install
 # device with the switch), one child per 8 models (make test runs 3, and 1 on edref); a row per
 # model in reports/zoo[-DEVICE]/rows/ (a later run goes on from the first missing one), then
 # reports/zoo[-DEVICE].md. About an hour on one core. DEVICE=edref:cpu: with the CPU tier on
-# (on_unsupported="cpu"); the summary names the ops each model ran there.
+# (on_unsupported="cpu"); the summary names the ops each model ran there. DEVICE=edprims: on the
+# prims reference device; OPSET=prims_fusion: under the mode with that preset (reports/zoo-prims_fusion.md).
+# EVERY=N: every Nth model only (a sample; the summary counts the rows written).
 DEVICE ?=
+OPSET ?= core_aten
+EVERY ?= 1
 zoo: install
-	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
-		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --summary > /dev/null; exit $$s
+	EAGERDECOMP_ZOO=all EAGERDECOMP_ZOO_DEVICE=$(DEVICE) EAGERDECOMP_ZOO_OPSET=$(OPSET) EAGERDECOMP_ZOO_EVERY=$(EVERY) $(PY) -m pytest tests/test_zoo.py $(PYTEST_ARGS); s=$$?; \
+		$(PY) -m tests.zoo $(if $(DEVICE),--device $(DEVICE)) --opset $(OPSET) --summary > /dev/null; exit $$s
 
 # PyTorch's own device-generic test suites (../shared/data/pytorch-tests: test_view_ops, test_torch,
 # test_nn; PyTorch 2.4.0's) on edref with the switch and on CPU, from a temporary copy; fails on any
 # result tests/devsuites/known.py does not expect. Summary in reports/devsuites.md. About an hour
-# on 2 cores (make test runs a fixed slice: tests/test_devsuites.py).
+# on 2 cores (make test runs a fixed slice: tests/test_devsuites.py). DEVICE=edprims: on the prims
+# reference device instead (summary in reports/devsuites-edprims.md).
 DEVSUITE_JOBS ?= 2
 devsuites: install
-	$(PY) -m tests.devsuites --jobs $(DEVSUITE_JOBS) $(DEVSUITE_ARGS)
+	$(PY) -m tests.devsuites --jobs $(DEVSUITE_JOBS) $(if $(DEVICE),--device $(DEVICE)) $(DEVSUITE_ARGS)
 
 # the concurrency tests at length: many runs of threads x ops x shapes against native (make test runs 3)
 STRESS_RUNS ?= 100

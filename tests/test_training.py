@@ -9,27 +9,30 @@ from eagerdecomp.testing import RecordingMode
 from tests.compare import assert_params_close, train_like_eager
 
 
-def _compare(model_cls, steps=2):
-    # the witness: test_training_reaches_only_core_ops (one step, without the comparison's cost)
-    native, ours, mode, grads, _ = train_like_eager(model_cls, "core_aten", steps, witness=False)
-    return native, ours, mode, grads
+def _compare(model_cls, opset="core_aten", steps=2, witness=False):
+    """``steps`` training steps of ``model_cls()`` natively and under ``EagerDecompMode(opset)``
+    (tests/compare.py's train_like_eager), then the parameters after the optimizer's steps and the
+    floating buffers (batch norm's running statistics) compared; returns ``(the last mode, its
+    witness)``. The witness is off by default here: test_training_reaches_only_core_ops checks
+    one step without the comparison's cost (tests/test_prims_fusion.py turns it on)."""
+    native, ours, mode, grads, rec = train_like_eager(model_cls, opset, steps, witness=witness)
+    assert_params_close(native, ours, grads)
+    for b, c in zip(native.buffers(), ours.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5)
+    return mode, rec
 
 
 def test_transformer_block_trains_like_native():
     torch.manual_seed(0)
     block = lambda: TransformerBlock(dropout=0.0)  # noqa: E731
     block.batch = TransformerBlock.batch
-    native, ours, mode, grads = _compare(block)
-    assert_params_close(native, ours, grads)
+    mode, _ = _compare(block)
     decomposed = {r.op for r in mode.report().decomposed}
     assert {"aten.gelu_backward.default", "aten.silu.default", "aten.addcdiv_.default"} <= decomposed
 
 
 def test_small_cnn_trains_like_native():
-    native, ours, mode, grads = _compare(SmallCNN)
-    assert_params_close(native, ours, grads)
-    for b, c in zip(native.buffers(), ours.buffers()):  # batch-norm running statistics
-        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5)
+    _compare(SmallCNN)
 
 
 @pytest.mark.parametrize("model_cls", [TransformerBlock, SmallCNN])

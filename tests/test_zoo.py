@@ -1,6 +1,8 @@
 """Models nobody here wrote: each corpus model's training step and inference pass under the mode
 match native's (``tests/zoo.py`` says how). ``make test`` runs a slice; ``make zoo``
-(``EAGERDECOMP_ZOO=all``) every model, writing a row per model and ``reports/zoo.md``.
+(``EAGERDECOMP_ZOO=all``) every model, writing a row per model and ``reports/zoo.md``
+(``OPSET=prims_fusion``: under that preset, ``reports/zoo-prims_fusion.md``; ``DEVICE=edprims``:
+on the prims reference device, ``reports/zoo-edprims.md``).
 """
 
 from __future__ import annotations
@@ -19,19 +21,21 @@ from tests import zoo  # noqa: E402
 ALL = os.environ.get("EAGERDECOMP_ZOO", "").lower() == "all"
 # where `make zoo` runs them: under the mode, or on a device with the switch (DEVICE=edref)
 DEVICE = os.environ.get("EAGERDECOMP_ZOO_DEVICE") or None
+# the mode's opset where they run under the mode (make zoo OPSET=prims_fusion)
+OPSET = os.environ.get("EAGERDECOMP_ZOO_OPSET") or zoo.CORE
 # the slice: a decoder LM (GPT-2), an encoder-decoder (BART), a CNN with batch norm (ResNet)
 SLICE = ["transformers/GPT2LMHeadModel", "transformers/BartForConditionalGeneration", "cnn/ResNet"]
 BATCH = 8  # models per child process: one import of torch and transformers serves them all
 TIMEOUT = 900  # per child
 
-_ROWS: dict = {}  # (device, name) -> row
+_ROWS: dict = {}  # (device, opset, name) -> row
 
 
-def _run(names: list, device) -> None:
+def _run(names: list, device, opset: str = zoo.CORE) -> None:
     """Check ``names`` in one child; a model the child did not finish (it crashed or ran out
     of time on it) gets that verdict, and the ones after it are left for the next child."""
     env = dict(os.environ, EAGERDECOMP_DISK_CACHE="0", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "tests.zoo", *(["--device", device] if device else []), *names]
+    cmd = [sys.executable, "-m", "tests.zoo", *(["--device", device] if device else []), "--opset", opset, *names]
     try:
         r = subprocess.run(cmd, cwd=zoo.ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
         out, why = r.stdout, f"exit {r.returncode}: {r.stderr.strip()[-600:]}"
@@ -41,27 +45,32 @@ def _run(names: list, device) -> None:
     for line in out.splitlines():
         if line.startswith("{"):
             row = json.loads(line)
-            _ROWS[device, row["name"]] = row
-    first = next((n for n in names if (device, n) not in _ROWS), None)
+            _ROWS[device, opset, row["name"]] = row
+    first = next((n for n in names if (device, opset, n) not in _ROWS), None)
     if first is not None:
-        _ROWS[device, first] = {
+        _ROWS[device, opset, first] = {
             "name": first,
             "verdict": "timeout" if why.startswith("over") else "crash",
             "detail": why,
         }
 
 
-def _row(name: str, device, todo: list) -> dict:
-    path = zoo.row_path(name, device)
-    if ALL and (device, name) not in _ROWS and path.exists():  # written by an earlier run of make zoo: resumed
-        _ROWS[device, name] = json.loads(path.read_text())
-    if (device, name) not in _ROWS:
+def _row(name: str, device, todo: list, opset: str = zoo.CORE) -> dict:
+    path = zoo.row_path(name, device, opset)
+    if ALL and (device, opset, name) not in _ROWS and path.exists():  # written by an earlier run of make zoo: resumed
+        _ROWS[device, opset, name] = json.loads(path.read_text())
+    if (device, opset, name) not in _ROWS:
         rest = todo[todo.index(name) :]
         _run(
-            [n for n in rest if (device, n) not in _ROWS and not (ALL and zoo.row_path(n, device).exists())][:BATCH],
+            [
+                n
+                for n in rest
+                if (device, opset, n) not in _ROWS and not (ALL and zoo.row_path(n, device, opset).exists())
+            ][:BATCH],
             device,
+            opset,
         )
-    row = _ROWS[device, name]
+    row = _ROWS[device, opset, name]
     if ALL:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(row, indent=1))
@@ -69,42 +78,76 @@ def _row(name: str, device, todo: list) -> dict:
 
 
 # NOTE: models that stop with UnsupportedOpError, each with the op that blocks it: a clear error, as
-# promised, for an op with no path to core ATen yet. Any other model that stops so fails, and so
-# does one of these stopping on another op. A model leaves this table when it runs.
+# promised, for an op with no path to the preset yet (per preset: under the mode, or the preset of
+# the reference device they ran on). Any other model that stops so fails, and so does one of these
+# stopping on another op. A model leaves this table when it runs.
 UNSUPPORTED = {
-    # a complex tensor viewed as real (FNet's Fourier mixing, Llama 4's rotary embedding)
-    "transformers/FNetForMaskedLM": "aten.view_as_real.default",
-    "transformers/Llama4TextModel": "aten.view_as_real.default",
+    "core_aten": {
+        # a complex tensor viewed as real (FNet's Fourier mixing, Llama 4's rotary embedding)
+        "transformers/FNetForMaskedLM": "aten.view_as_real.default",
+        "transformers/Llama4TextModel": "aten.view_as_real.default",
+    },
+    "prims_fusion": {
+        # LocalResponseNorm pools over channels with avg_pool3d: the preset keeps avg_pool2d alone
+        "cnn/AlexNet": "aten.avg_pool3d.default",
+        # core ATen keeps masked_scatter; prims has no scatter by a mask (nor a decomposition to index_put)
+        "transformers/HiggsAudioV2ForConditionalGeneration": "aten.masked_scatter.default",
+    },
+    # the same two on the device, avg_pool3d met in the out= form its composite kernel calls there
+    "edprims": {
+        "cnn/AlexNet": "aten.avg_pool3d.out",
+        "transformers/HiggsAudioV2ForConditionalGeneration": "aten.masked_scatter.default",
+    },
 }
+# reference device -> its preset (eagerdecomp.device.refdev.REFERENCE_DEVICES)
+_DEVICE_PRESET = {"edref": "core_aten", "edprims": "prims_fusion"}
 
 
-def _assert_matches(row: dict) -> None:
+def _preset(device, opset: str) -> str:
+    """The UNSUPPORTED table of a run: the device's own where it has one, else its preset's."""
+    if not device:
+        return opset
+    name = device.partition(":")[0]
+    return name if name in UNSUPPORTED else _DEVICE_PRESET[name]
+
+
+def _assert_matches(row: dict, preset: str = zoo.CORE) -> None:
     if row["verdict"] == "native failed":
         pytest.skip(f"does not run natively: {row['detail']}")
     if row["verdict"] == "error" and row["detail"].startswith("UnsupportedOpError"):
-        blocker, expected = row.get("blocker"), UNSUPPORTED.get(row["name"])
+        blocker, expected = row.get("blocker"), UNSUPPORTED[preset].get(row["name"])
         assert blocker == expected, (
             f"{row['name']} stops on {blocker}" + (f", expected {expected}" if expected else " (a new blocker)"),
             row["detail"],
         )
-        pytest.xfail(f"blocked by {blocker} (UNSUPPORTED): {row['detail']}")
+        pytest.xfail(f"blocked by {blocker} (UNSUPPORTED[{preset!r}]): {row['detail']}")
     # (a model that draws its own noise was compared on one seeded stream: tests/zoo.py SeededNoise)
     if row["verdict"] == "mismatch" and row["name"] in zoo.KNOWN:
         pytest.xfail(f"{zoo.KNOWN[row['name']]}: {row['detail']}")
     assert row["verdict"] == "match", row
 
 
-MODELS = zoo.names() if ALL else SLICE
+# EAGERDECOMP_ZOO_EVERY=N (make zoo EVERY=N): every Nth model of the corpus, a quicker sample
+EVERY = int(os.environ.get("EAGERDECOMP_ZOO_EVERY") or 1)
+MODELS = zoo.names()[::EVERY] if ALL else SLICE
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_matches_native(name):
-    _assert_matches(_row(name, DEVICE if ALL else None, MODELS))
+    device, opset = (DEVICE, OPSET) if ALL else (None, zoo.CORE)
+    _assert_matches(_row(name, device, MODELS, opset), _preset(device, opset))
 
 
 @pytest.mark.skipif(ALL, reason="make zoo DEVICE=edref runs every model there")
 def test_a_model_matches_native_on_the_reference_device():
     _assert_matches(_row("transformers/GPT2LMHeadModel", "edref", ["transformers/GPT2LMHeadModel"]))
+
+
+@pytest.mark.skipif(ALL, reason="make zoo OPSET=prims_fusion runs every model under the preset")
+def test_a_model_matches_native_under_prims_fusion():
+    # a causal LM: its loss pads the labels (F.pad with a float value on int64), and it generates
+    name = "transformers/GPT2LMHeadModel"
+    _assert_matches(_row(name, None, [name], "prims_fusion"), "prims_fusion")
 
 
 # -- the judge itself: a check that cannot fail is no check -----------------------------------------

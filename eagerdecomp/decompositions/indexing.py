@@ -2,9 +2,10 @@
 
 Found by replaying the aten calls of real training steps (PyTorch's benchmark operator logs).
 Here: ``lift_fresh_copy``, index_put's private forms, ``index_reduce``, ``repeat_interleave``,
-``embedding_renorm``, ``as_strided_scatter``, ``nonzero_static``, ``select.int`` (for opsets
-without it), ``masked_select``, ``put``, the legacy ``scatter(reduce=)``, and out= forms that
-lay out their result as eager does (``ones``/``zeros``, ``cat``, ``nonzero``).
+``embedding_renorm``, ``as_strided_scatter``, ``nonzero_static``, ``select.int``, ``view.dtype``,
+``expand``, ``view`` and ``constant_pad_nd`` (for opsets without them: prims), ``masked_select``,
+``put``, the legacy ``scatter(reduce=)``, and out= forms that lay out their result as eager does
+(``ones``/``zeros``, ``cat``, ``nonzero``).
 """
 
 from __future__ import annotations
@@ -238,6 +239,88 @@ def select_int(self, dim, index):
         one = torch.ops.prims.as_strided.default(self, [1], [1], offset)
         return torch.ops.prims.squeeze.default(one, [0])
     return torch.ops.prims.as_strided.default(self, sizes, strides, offset)
+
+
+# NOTE: core ATen keeps view.dtype; for prims opsets torch's ref `view`, registered for every
+# overload of view, read the dtype as a shape ("'>=' not supported between torch.dtype and int").
+# prims.view_of_dtype is the same view (its meta is view.dtype itself: eager's checks and errors).
+@project_decomposition(aten.view.dtype)
+def view_dtype(self, dtype):
+    return torch.ops.prims.view_of_dtype.default(self, dtype)
+
+
+# NOTE: core ATen keeps expand and view; for prims opsets torch's refs check what eager's kernels
+# check but say it otherwise: expand's mismatch in other words, view's incompatible strides as a
+# ValueError where eager raises RuntimeError. Eager's errors (ATen's infer_expand_geometry and
+# view), then the refs.
+@project_decomposition(aten.expand.default)
+def expand(self, size, *, implicit=False):
+    sizes, have = list(size), list(self.shape)
+    torch._check(
+        len(sizes) >= len(have),
+        lambda: (
+            f"expand({self.type()}{{{have}}}, size={sizes}): the number of sizes provided ({len(sizes)}) "
+            f"must be greater or equal to the number of dimensions in the tensor ({len(have)})"
+        ),
+    )
+    for i in reversed(range(len(sizes))):
+        dim = i - len(sizes) + len(have)
+        existing, target = (have[dim] if dim >= 0 else 1), sizes[i]
+        if target == -1:
+            torch._check(
+                dim >= 0,
+                lambda: (
+                    f"The expanded size of the tensor ({target}) isn't allowed in a leading, non-existing dimension {i}"
+                ),
+            )
+            target = existing
+        torch._check(
+            existing == target or existing == 1,
+            lambda: (
+                f"The expanded size of the tensor ({target}) must match the existing size ({existing}) at "
+                f"non-singleton dimension {i}.  Target sizes: {sizes}.  Tensor sizes: {have}"
+            ),
+        )
+    return torch._refs.expand(self, sizes)
+
+
+@project_decomposition(aten.view.default)
+def view(self, size):
+    try:
+        return torch._refs.view(self, size)
+    except ValueError:  # (the ref's "Cannot view a tensor with shape ..."; its other checks are RuntimeErrors)
+        raise RuntimeError(
+            "view size is not compatible with input tensor's size and stride (at least one dimension spans "
+            "across two contiguous subspaces). Use .reshape(...) instead."
+        ) from None
+
+
+# C's names in eager's message for a fill value an integer dtype cannot hold (c10's checked_convert)
+_C_INT_NAMES = {
+    torch.uint8: "uint8_t",
+    torch.int8: "int8_t",
+    torch.int16: "int16_t",
+    torch.int32: "int",
+    torch.int64: "int64_t",
+}
+
+
+# NOTE: core ATen keeps constant_pad_nd; for prims opsets torch's ref fills with the value as
+# given, and refuses a float for an integer tensor ("cannot be safely cast"): F.pad passes its
+# value as a float, so F.pad(labels, (0, 1), value=-100) (transformers' causal-LM loss) failed.
+# Eager converts the value to the dtype as C++ does: truncated, checked for overflow.
+@project_decomposition(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    if isinstance(value, float) and self.dtype == torch.bool:
+        value = bool(value)
+    elif isinstance(value, float) and self.dtype in _C_INT_NAMES:
+        info = torch.iinfo(self.dtype)
+        torch._check(
+            info.min <= value <= info.max,  # (False for NaN)
+            lambda: f"value cannot be converted to type {_C_INT_NAMES[self.dtype]} without overflow",
+        )
+        value = int(value)  # toward zero, as C++'s conversion
+    return torch._refs.constant_pad_nd(self, pad, value)
 
 
 # NOTE: no decomposition in PyTorch. Indexing with a boolean mask is core

@@ -176,11 +176,26 @@ def exponential(self, lambd=1.0, *, generator=None):
     # element (exponential_distribution<double>) and computes -1/lambda * log1p(-u) in double,
     # then rounds to self's dtype. So here: eager's numbers, but for the last bit of log1p,
     # which the vectorized kernel and the C library may round apart (float64 results only).
-    if not self.dtype.is_floating_point or not lambd > 0 or math.isinf(lambd):
+    if not self.dtype.is_floating_point or not lambd > 0:
         return NotImplemented  # eager's argument errors come from its kernel's checks
     u = _draw(aten.rand.default, self, torch.float64, generator=generator)
     out = aten.mul.Tensor(aten.log1p.default(aten.neg.default(u)), -1.0 / lambd)
     return out if self.dtype == torch.float64 else aten._to_copy.default(out, dtype=self.dtype)
+
+
+# NOTE: torch's refs have in-place forms of these two, which a prims opset's table takes before
+# the in-place variant rule would reach the functional ones above: their draws are not eager's
+# (a uniform in self's dtype; for an integer geometric_ on edprims, refused by the uniform_ kernel
+# that fills it). Written in place here, as under core ATen.
+@project_decomposition(aten.geometric_.default)
+def geometric_(self, p, *, generator=None):
+    return aten.copy_.default(self, geometric(self, p, generator=generator))
+
+
+@project_decomposition(aten.exponential_.default)
+def exponential_(self, lambd=1.0, *, generator=None):
+    out = exponential(self, lambd, generator=generator)
+    return NotImplemented if out is NotImplemented else aten.copy_.default(self, out)
 
 
 @project_decomposition(aten.bernoulli.p)

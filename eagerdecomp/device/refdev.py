@@ -102,6 +102,11 @@ PRIMS_DEVICE_RUNTIME_OPS = {
     "aten::scalar_tensor": "prims.scalar_tensor's BackendSelect kernel calls it on the device",
     "aten::full": "prims.full's BackendSelect kernel calls it on the device",
     "aten::arange.start_step": "prims.iota's BackendSelect kernel calls it on the device",
+    # NOTE: the same for the random prims: prims.normal's BackendSelect kernel is empty + normal_,
+    # prims.uniform's empty_strided + uniform_. Without these, randn on the device (decomposed to
+    # prims.normal) came back as normal_, whose decomposition is prims.normal: a cycle.
+    "aten::normal_": "prims.normal's BackendSelect kernel fills its result with it (randn, nn.init.normal_)",
+    "aten::uniform_": "prims.uniform's BackendSelect kernel fills its result with it",
 }
 
 # device name -> its runtime ops beyond DEVICE_RUNTIME_OPS

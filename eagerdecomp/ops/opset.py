@@ -272,10 +272,33 @@ def _core_aten() -> OpSet:
     return OpSet(core + list(RUNTIME_EXTRAS), name="core_aten")
 
 
+# NOTE: PyTorch registers its prims views through torch.library.custom_op, which lets the
+# conjugate and negative bits pass through them (a view keeps its base's bits, as aten's views
+# do); prims.as_strided alone, declared as writing its input (Tensor(a!)), is registered the old
+# way and gets PyTorch's math-bit fallback instead, which treats it as a write: x.conj().imag[0]
+# (select decomposes to prims.as_strided) failed an internal assert, and a view's storage was
+# measured in the view's dtype (x.conj().imag[:, 2] "out of bounds"). The fallthroughs
+# aten.as_strided has, registered once for prims' (process-wide: it only ever makes it a view).
+_MATH_BIT_KEYS = ("Conjugate", "Negative")
+_math_bits_lib: list = []
+
+
+def _prims_views_keep_math_bits() -> None:
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if _math_bits_lib or all(has("prims::as_strided", k) for k in _MATH_BIT_KEYS):
+        return
+    lib = torch.library.Library("prims", "IMPL")  # noqa: TOR901 - kept for the process's lifetime
+    for key in _MATH_BIT_KEYS:
+        if not has("prims::as_strided", key):
+            lib.impl("as_strided", torch.library.fallthrough_kernel, key)
+    _math_bits_lib.append(lib)
+
+
 @functools.cache
 def _prims() -> OpSet:
     import torch._prims  # noqa: F401  (registers the prims:: namespace)
 
+    _prims_views_keep_math_bits()
     ops = list(overloads("prims")) + list(RUNTIME_EXTRAS) + list(_PRIMS_ATEN_EXTRAS)
     return OpSet(ops, name="prims")
 

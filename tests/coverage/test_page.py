@@ -129,6 +129,10 @@ def test_page_figures_follow_ticks(graph, browser, tmp_path):
     Select(browser.find_element("id", "preset")).select_by_value("prims")
     assert figures(browser) == cov.analyse(graph, "prims").counts()
     assert python_opset(browser) == ed.OpSet.preset("prims")
+    # the prims preset a device team starts from: prims plus the library ops a fusion compiler keeps
+    Select(browser.find_element("id", "preset")).select_by_value("prims_fusion")
+    assert figures(browser) == cov.analyse(graph, "prims_fusion").counts()
+    assert python_opset(browser) == ed.OpSet.preset("prims_fusion") != ed.OpSet.preset("prims")
 
 
 # a corpus over the ops this graph knows, plus one it does not ("not analysed")

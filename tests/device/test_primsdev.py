@@ -127,3 +127,41 @@ def test_strict_alone_and_trains_the_demo_with_the_switch():
     assert {"aten.addmm.default", "aten.gelu.default", "aten.native_layer_norm_backward.default"} <= set(
         out["decomposed"]
     )
+
+
+def test_random_factories_draw_eager_numbers_on_the_device():
+    # prims.normal and prims.uniform run on the device through their BackendSelect kernels
+    # (empty + normal_ / uniform_): randn on edprims was a cycle (randn -> prims.normal ->
+    # normal_ -> its decomposition prims.normal -> ...) until normal_ became a runtime op
+    out = _run(
+        """
+        import json
+        import torch
+        import eagerdecomp as ed
+        from eagerdecomp.testing import prims_reference_device
+
+        dev = prims_reference_device()
+        ed.enable(dev)
+        calls = {
+            "randn": lambda d: torch.randn(3, 4, device=d),
+            "randn complex": lambda d: torch.randn(5, dtype=torch.complex64, device=d),
+            "normal_": lambda d: torch.empty(3, 5, device=d).normal_(2.0, 3.0),
+            "normal_ transposed": lambda d: torch.empty(5, 7, device=d).t().normal_(),
+            "uniform_": lambda d: torch.empty(6, device=d, dtype=torch.float64).uniform_(-1.0, 2.0),
+            "init.normal_": lambda d: torch.nn.init.normal_(torch.empty(4, 4, device=d)),
+            "init.trunc_normal_": lambda d: torch.nn.init.trunc_normal_(torch.empty(8, device=d)),
+            # (torch's in-place ref drew a uniform in the tensor's dtype: refused for integers)
+            "geometric_ int32": lambda d: torch.empty(6, dtype=torch.int32, device=d).geometric_(0.3),
+            "geometric_": lambda d: torch.empty(6, device=d).geometric_(0.3),
+        }
+        res = {}
+        for name, call in calls.items():
+            torch.manual_seed(7)
+            want = call("cpu")
+            torch.manual_seed(7)
+            got = call(dev).cpu()
+            res[name] = [torch.equal(got, want), got.dtype == want.dtype, got.stride() == want.stride()]
+        print(json.dumps(res))
+        """
+    )
+    assert out == {name: [True, True, True] for name in out} and len(out) == 9, out

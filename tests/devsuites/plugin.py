@@ -2,8 +2,8 @@
 
 Set by the runner (:mod:`tests.devsuites.run`) through the environment:
 
-- ``EAGERDECOMP_DEVSUITE_DEVICE``: ``cpu`` (the control) or ``edref`` (the reference
-  device, with ``ed.enable("edref")``);
+- ``EAGERDECOMP_DEVSUITE_DEVICE``: ``cpu`` (the control), or a reference device with the
+  switch: ``edref`` (core ATen, ``ed.enable("edref")``) or ``edprims`` (the prims_fusion preset);
 - ``EAGERDECOMP_DEVSUITE_OUT``: a directory; each process appends one JSON line per test;
 - ``EAGERDECOMP_DEVSUITE_SELECT``: optional file of generic test ids to run (one a line);
 - ``EAGERDECOMP_DEVSUITE_TIMEOUT``: seconds a test may run (default 300).
@@ -35,9 +35,9 @@ TIMEOUT = float(os.environ.get("EAGERDECOMP_DEVSUITE_TIMEOUT", "300"))
 
 if DEVICE != "cpu":
     import eagerdecomp as ed
-    from eagerdecomp.testing import reference_device
+    from eagerdecomp.device.refdev import reference_device
 
-    reference_device()
+    reference_device(DEVICE)  # edref or edprims: one reference device per process
     ed.enable(DEVICE)
 
 import torch  # noqa: E402

@@ -1,13 +1,14 @@
-"""Run PyTorch's device suites on CPU and on edref, compare, and write the summary.
+"""Run PyTorch's device suites on CPU and on a reference device, compare, and write the summary.
 
-``python -m tests.devsuites [--files test_view_ops.py ...] [--select IDS] [--jobs N]``
+``python -m tests.devsuites [--device edref|edprims] [--files test_view_ops.py ...] [--select IDS] [--jobs N]``
 
 Each device runs in its own pytest process (with pytest-xdist workers, so a crash
 loses one test, not the run) over a temporary copy of the files. A test that passes
-on CPU must pass on edref unless :mod:`tests.devsuites.known` lists it; a listed
-test that passes, or any test that changes the dispatch state, fails the run too.
-Writes ``reports/devsuites.md`` and ``reports/devsuites.json``; exits 1 on anything
-unexpected.
+on CPU must pass on the device (``edref``, core ATen, the default; ``edprims``, the
+prims_fusion preset) unless :mod:`tests.devsuites.known` lists it for that device; a
+listed test that passes, or any test that changes the dispatch state, fails the run too.
+Writes ``reports/devsuites.md`` and ``.json`` (``reports/devsuites-edprims.*`` for
+edprims); exits 1 on anything unexpected.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from .known import reason_for, unused
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(os.environ.get("EAGERDECOMP_PYTORCH_TESTS", ROOT.parent / "shared" / "data" / "pytorch-tests"))
 FILES = ("test_view_ops.py", "test_torch.py", "test_nn.py")
-DEVICE = "edref"
+DEVICES = ("edref", "edprims")  # the reference devices (eagerdecomp.device.refdev.REFERENCE_DEVICES)
+
+
+def default_out(device: str) -> Path:
+    """The summary's path stem: ``reports/devsuites`` for edref, ``reports/devsuites-DEVICE`` otherwise."""
+    return ROOT / "reports" / ("devsuites" if device == "edref" else f"devsuites-{device}")
 
 
 def run_device(device: str, workdir: Path, files, select, jobs: int, timeout: float) -> dict:
@@ -104,7 +110,7 @@ def cause(rec: dict) -> str:
     return f"error: {error or 'unknown'}"
 
 
-def compare(cpu: dict, dev: dict) -> dict:
+def compare(cpu: dict, dev: dict, device: str = "edref") -> dict:
     """Every test id's verdict: ok, expected (known), unexpected failure or unexpected pass."""
     verdicts = {}
     for tid, c in cpu.items():
@@ -113,7 +119,7 @@ def compare(cpu: dict, dev: dict) -> dict:
         d = dev.get(tid)
         if d is None:  # not instantiated for the device (dtypesIfCPU, onlyCPU...)
             continue
-        known = reason_for(tid)
+        known = reason_for(tid, device)
         bad_state = bool(d.get("state"))
         if d["outcome"] == "passed" and not bad_state:
             verdicts[tid] = "unexpected pass" if known else "passed"
@@ -129,13 +135,13 @@ def compare(cpu: dict, dev: dict) -> dict:
     return verdicts
 
 
-def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[str, dict]:
+def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=(), device: str = "edref") -> tuple[str, dict]:
     by_file = defaultdict(Counter)
     causes, ops, reasons, unexpected = Counter(), Counter(), Counter(), []
     for tid, v in sorted(verdicts.items()):
         by_file[tid.split("::")[0]][v] += 1
         if v == "known failure":
-            reasons[reason_for(tid)] += 1
+            reasons[reason_for(tid, device)] += 1
         if v in ("known failure", "unexpected failure"):
             rec = dev[tid]
             causes[cause(rec)] += 1
@@ -144,7 +150,7 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
         if v.startswith("unexpected"):
             d = dev[tid]
             unexpected.append(
-                (tid, v, cause(d) if v == "unexpected failure" else reason_for(tid), d.get("message", ""))
+                (tid, v, cause(d) if v == "unexpected failure" else reason_for(tid, device), d.get("message", ""))
             )
     # only tests both devices instantiate compare (dtypesIfCPU, onlyCPU... make CPU-only ones)
     cpu_passed = sum(1 for t, r in cpu.items() if r["outcome"] == "passed" and t in dev)
@@ -152,6 +158,7 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
     passed = sum(1 for v in verdicts.values() if v == "passed")
     known = sum(1 for v in verdicts.values() if v == "known failure")
     data = {
+        "device": device,
         "files": list(files),
         "cpu_passed": cpu_passed,
         "cpu_only": cpu_only,
@@ -167,15 +174,16 @@ def summarize(cpu: dict, dev: dict, verdicts: dict, files, stale=()) -> tuple[st
         "stale_known": list(stale),
     }
     lines = [
-        f"# PyTorch's device suites on {DEVICE}",
+        f"# PyTorch's device suites on {device}",
         "",
-        f"Command: `python -m tests.devsuites` (`make devsuites`); files: {', '.join(files)} (PyTorch 2.4.0's); "
+        f"Command: `python -m tests.devsuites --device {device}` (`make devsuites DEVICE={device}`); "
+        f"files: {', '.join(files)} (PyTorch 2.4.0's); "
         f"torch {_torch_version()}.",
         "",
-        f"Of {cpu_passed} tests that pass on CPU: {passed} pass on {DEVICE}, {known} are known failures "
-        f"({100 * known / max(cpu_passed, 1):.1f}%), {data['skipped_on_device']} skip on {DEVICE}, "
+        f"Of {cpu_passed} tests that pass on CPU: {passed} pass on {device}, {known} are known failures "
+        f"({100 * known / max(cpu_passed, 1):.1f}%), {data['skipped_on_device']} skip on {device}, "
         f"{len(unexpected)} unexpected. Tests that changed the dispatch state: {len(data['state_changed'])}. "
-        f"({cpu_only} CPU passes have no {DEVICE} copy: dtypes or decorators for CPU only.)",
+        f"({cpu_only} CPU passes have no {device} copy: dtypes or decorators for CPU only.)",
         "",
         "| file | "
         + " | ".join(("passed", "known failure", "skipped on device", "unexpected failure", "unexpected pass"))
@@ -214,12 +222,18 @@ def _torch_version() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.devsuites", description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=DEVICES, default="edref", help="the reference device (default: edref)")
     p.add_argument("--files", nargs="+", default=list(FILES))
     p.add_argument("--select", help="a file of generic test ids to run (default: every device-type test)")
     p.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers per device")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a single test may run")
-    p.add_argument("--out", default=str(ROOT / "reports" / "devsuites"), help="path stem of the .md and .json summary")
+    p.add_argument("--out", help="path stem of the .md and .json summary (default: reports/devsuites[-DEVICE])")
     p.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    p.add_argument(
+        "--cpu-from",
+        help="take the CPU control run from this earlier summary's .json (same torch, files and selection) "
+        "instead of running it again: one CPU run serves edref and edprims",
+    )
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="devsuites-"))
     try:
@@ -227,16 +241,20 @@ def main(argv=None) -> int:
             shutil.copy(SOURCE / name, workdir / name)
         (workdir / "pytest.ini").write_text("[pytest]\n")  # no rootdir config above the copy
         select = Path(args.select).resolve() if args.select else None
-        cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
-        dev = run_device(DEVICE, workdir, args.files, select, args.jobs, args.timeout)
-        verdicts = compare(cpu, dev)
-        stale = [] if select else [p for p in unused(cpu) if p.split("::")[0] in args.files]
-        text, data = summarize(cpu, dev, verdicts, args.files, stale)
-        out = Path(args.out)
+        if args.cpu_from:
+            earlier = json.loads(Path(args.cpu_from).read_text())["cpu"]
+            cpu = {t: r for t, r in earlier.items() if t.split("::")[0] in args.files}
+        else:
+            cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
+        dev = run_device(args.device, workdir, args.files, select, args.jobs, args.timeout)
+        verdicts = compare(cpu, dev, args.device)
+        stale = [] if select else [p for p in unused(cpu, args.device) if p.split("::")[0] in args.files]
+        text, data = summarize(cpu, dev, verdicts, args.files, stale, args.device)
+        out = Path(args.out or default_out(args.device))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text(text)
         out.with_suffix(".json").write_text(
-            json.dumps({"summary": data, "cpu": cpu, DEVICE: dev}, indent=1, sort_keys=True)
+            json.dumps({"summary": data, "cpu": cpu, args.device: dev}, indent=1, sort_keys=True)
         )
         print(text)
         return 1 if data["unexpected"] or data["state_changed"] or data["stale_known"] else 0
