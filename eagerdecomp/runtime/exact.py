@@ -338,6 +338,9 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         fakes = [mode.from_tensor(t) for t in tensors]
         if not real_kernels_ok(tensors):
             on_host = tensors
+    moved = _cpu_indices(func, args, kwargs)
+    if moved:
+        fakes = _indices_on_device(mode, flat_tensors(args, kwargs), fakes, moved)
     it = iter(fakes)
     fargs = swap_tensors(args, it)
     fkwargs = {k: swap_tensors(v, it) for k, v in kwargs.items()}
@@ -401,6 +404,23 @@ def eager_reference(func, args, kwargs, tensors=None, known=None) -> tuple:
             if ref is not None or real_kernels_ok(tensors):
                 return refused(ref)
         return refused(reference(func, args, kwargs, refuse=True))
+
+
+def _indices_on_device(mode, tensors, fakes, moved) -> list:
+    """``fakes`` (of ``tensors``) with those of the CPU index tensors in ``moved`` (ids) on the
+    data's device. NOTE: eager's kernel takes such indices whatever the data's device (it moves
+    them: x_dev[idx_cpu], and its backward's index_put_); FakeTensor's device check refuses the
+    mix, which made the meta kernel refuse what eager runs (SAM's relative positions on edref)."""
+    device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+    if device is None:
+        return fakes
+    out = list(fakes)
+    with _disable_current_modes():
+        for j, t in enumerate(tensors):
+            f = out[j] if j < len(out) else None
+            if id(t) in moved and f is not None and all(type(n) is int for n in (*f.shape, *f.stride())):
+                out[j] = FakeTensor(mode, _meta_like(f), device)
+    return out
 
 
 def _layout(t) -> tuple:

@@ -514,3 +514,23 @@ def test_cat_out_overlapping_an_input_is_resized_before_eagers_error(enabled):
     (a, va), (d, vd) = got["cpu"], got[str(DEV)]
     assert (d.shape, d.stride(), d.storage_offset(), vd) == (a.shape, a.stride(), a.storage_offset(), va)
     assert torch.equal(d.cpu()[:4], a[:4])  # (beyond the old elements: uninitialized in both)
+
+
+@pytest.mark.parametrize("trace_after", ["2", "0"])
+def test_cpu_indices_into_device_data_and_their_backward_run_as_eager(enabled, monkeypatch, trace_after):
+    # eager lets an index tensor stay on the CPU whatever device the data is on (SAM's relative
+    # positions): the backward's index_put_ took it too, but its meta kernel over fake tensors
+    # refused the devices' mix, so edref raised where eager runs
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", trace_after)
+    idx = torch.tensor([0, 2, 2, 4])
+    for n in (5, 5, 5, 6):  # (direct calls, then the traced kernel; another shape)
+        base = torch.randn(n, 3)
+        x = base.to(DEV).requires_grad_()
+        ref = base.clone().requires_grad_()
+        y, want = x[idx], ref[idx]
+        (y * y).sum().backward()
+        (want * want).sum().backward()
+        assert y.device == x.device
+        torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+        torch.testing.assert_close(x.grad.cpu(), ref.grad)  # (to rounding: index_put_'s accumulation)
+        assert x.grad.stride() == ref.grad.stride()
