@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -241,15 +242,27 @@ def main(argv=None) -> int:
             shutil.copy(SOURCE / name, workdir / name)
         (workdir / "pytest.ini").write_text("[pytest]\n")  # no rootdir config above the copy
         select = Path(args.select).resolve() if args.select else None
+        wall = {}  # seconds each device's run took, side by side on the same machine
         if args.cpu_from:
-            earlier = json.loads(Path(args.cpu_from).read_text())["cpu"]
-            cpu = {t: r for t, r in earlier.items() if t.split("::")[0] in args.files}
+            earlier = json.loads(Path(args.cpu_from).read_text())
+            cpu = {t: r for t, r in earlier["cpu"].items() if t.split("::")[0] in args.files}
+            wall["cpu"] = earlier["summary"].get("wall_s", {}).get("cpu")  # (that run's, if it kept one)
         else:
+            t0 = time.perf_counter()
             cpu = run_device("cpu", workdir, args.files, select, args.jobs, args.timeout)
+            wall["cpu"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         dev = run_device(args.device, workdir, args.files, select, args.jobs, args.timeout)
+        wall[args.device] = time.perf_counter() - t0
         verdicts = compare(cpu, dev, args.device)
         stale = [] if select else [p for p in unused(cpu, args.device) if p.split("::")[0] in args.files]
         text, data = summarize(cpu, dev, verdicts, args.files, stale, args.device)
+        data["wall_s"] = wall
+        if wall["cpu"]:
+            text += (
+                f"\nWall time, {args.jobs} worker(s) each: CPU {wall['cpu']:.0f} s, {args.device} "
+                f"{wall[args.device]:.0f} s ({wall[args.device] / wall['cpu']:.2f}x CPU's).\n"
+            )
         out = Path(args.out or default_out(args.device))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".md").write_text(text)
