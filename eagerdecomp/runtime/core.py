@@ -202,7 +202,7 @@ class Runtime:
             key, tensors = make_key(func, key_args, key_kwargs)
         except Bypass as b:
             return self.bypass(func, args, kwargs, b.reason)
-        miss = Miss(func, args, kwargs, key, tensors, lifted)
+        miss = Miss(func, args, kwargs, (key_args, key_kwargs), key, tensors, lifted)
         entry, answer = self.cache.get_or_make(key, self._answer, miss)
         if answer is Answer.COLD:
             return self._direct(miss)
@@ -314,9 +314,7 @@ class Runtime:
         """The shape family of the call's key, or None (it keeps exact-shape kernels)."""
         if not family_enabled():
             return None
-        func, key_args, key_kwargs = miss.func, miss.args, miss.kwargs
-        if miss.lifted:
-            key_args, key_kwargs, _ = split(self._lift[func], key_args, key_kwargs)
+        func, (key_args, key_kwargs) = miss.func, miss.keyed
         try:
             paths = int_paths(symint_positions(func), miss.args, miss.kwargs)
             return family_key(func, miss.key, miss.tensors, paths, key_args, key_kwargs)

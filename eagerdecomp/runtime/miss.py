@@ -26,14 +26,14 @@ class Answer(enum.Enum):
 
 class Miss:
     """One call and its key: ``key`` and ``tensors`` from :func:`~eagerdecomp.runtime.key.make_key`
-    over the arguments with their lifted floats taken out (``lifted``: ``(position, value)``
-    pairs, kernel inputs); ``fkey``: its shape family's key once asked (None: exact shapes only);
-    ``member``: the family member that answered it, if one did."""
+    over ``keyed`` (the arguments with their lifted floats taken out; ``lifted``: ``(position,
+    value)`` pairs, kernel inputs); ``fkey``: its shape family's key once asked (None: exact
+    shapes only); ``member``: the family member that answered it, if one did."""
 
-    __slots__ = ("func", "args", "kwargs", "key", "tensors", "lifted", "fkey", "member")
+    __slots__ = ("func", "args", "kwargs", "keyed", "key", "tensors", "lifted", "fkey", "member")
 
-    def __init__(self, func, args, kwargs, key, tensors, lifted):
-        self.func, self.args, self.kwargs = func, args, kwargs
+    def __init__(self, func, args, kwargs, keyed, key, tensors, lifted):
+        self.func, self.args, self.kwargs, self.keyed = func, args, kwargs, keyed
         self.key, self.tensors, self.lifted = key, tensors, lifted
         self.fkey = self.member = None
 
