@@ -455,6 +455,33 @@ Program build(py::list calls, py::list outputs, int n_slots, py::handle slot_typ
   return p;
 }
 
+// ---- the arguments Python is handed ----------------------------------------------------
+
+// NOTE: as PyTorch hands a boxed call to a Python mode (__torch_dispatch__): a keyword-only
+// argument at its default is left out, and so is every positional one at its default after the
+// last that is not. The Python path keys and traces its calls so; a miss on the C++ key (or the
+// device switch) hands its call over the same way and keys a defaulted float by value, as the
+// Python key does, so a kernel made on one path (the disk cache, a bundle) serves the other.
+bool at_default(const c10::Argument& a, const c10::IValue& v) {
+  const auto& d = a.default_value();
+  return d.has_value() && *d == v;  // (IValue's ==, as PyTorch's own comparison there)
+}
+
+struct Handed {
+  size_t positional;  // arguments [0, positional) are handed positionally
+  size_t kw_start;    // [kw_start, n) are keyword-only: handed unless at their default
+
+  Handed(const c10::FunctionSchema& s, const c10::IValue* args, size_t n) : positional(n), kw_start(n) {
+    const auto& a = s.arguments();
+    while (kw_start > 0 && a[kw_start - 1].kwarg_only()) --kw_start;
+    positional = kw_start;
+    while (positional > 0 && at_default(a[positional - 1], args[positional - 1])) --positional;
+  }
+  bool operator()(const c10::FunctionSchema& s, const c10::IValue* args, size_t i) const {
+    return i < positional || (i >= kw_start && !at_default(s.arguments()[i], args[i]));
+  }
+};
+
 // ---- the table -----------------------------------------------------------------------
 
 // How an op's floats are lifted (eagerdecomp/lift.py's positions, in its order).
@@ -682,8 +709,16 @@ class Table {
     c.key.w.push_back(kOp);
     c.key.w.push_back(reinterpret_cast<int64_t>(&op.schema()));
     const auto lift = lift_for(&op.schema());
+    if (!lift) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!visit_iv(args[i], c, -1)) return false;
+      }
+      return true;
+    }
+    const Handed handed(op.schema(), args, n);
     for (size_t i = 0; i < n; ++i) {
-      const int rank = lift ? lift->rank_at(static_cast<int>(i)) : -1;
+      int rank = lift->rank_at(static_cast<int>(i));
+      if (rank >= 0 && !handed(op.schema(), args, i)) rank = -1;  // (Python never sees it: keyed by value)
       if (!visit_iv(args[i], c, rank, rank >= 0 && lift->each[rank])) return false;
     }
     return true;
@@ -1193,7 +1228,9 @@ class Fallback final : public c10::OperatorKernel {
     py::gil_scoped_acquire gil;
     py::list pargs;
     py::dict pkwargs;
+    const Handed handed(schema, saved.data(), n);  // (what a Python mode would be handed)
     for (size_t i = 0; i < n; ++i) {
+      if (!handed(schema, saved.data(), i)) continue;
       const auto& f = schema.arguments()[i];
       py::object v = argument_to_python(saved[i], f.real_type());  // real: dtypes are not ints
       if (f.kwarg_only()) {

@@ -229,8 +229,9 @@ def _defaults(op) -> tuple:
 def _as_given(op, args: tuple, kwargs: dict):
     """``(args, kwargs)`` without the trailing arguments that only repeat their defaults.
 
-    NOTE: a call from the dispatcher spells out every argument (``add_.Scalar(x, 1e-8, 1)``,
-    ``layout=None``), a call from Python only those given; the same call either way. The refs a
+    NOTE: a call from torch.library's Python fallback (no C++ library) spells out every argument
+    (``add_.Scalar(x, 1e-8, 1)``, ``layout=None``), a call from Python only those given; the same
+    call either way (the C++ library's fallback hands calls over as Python's would). The refs a
     prims opset decomposes with refuse some of them (``torch._refs.add`` takes ``alpha`` by
     keyword only; ``scalar_tensor(..., layout=None)``: "PrimTorch doesn't support layout=None"),
     so the device's calls arrive as Python's would.

@@ -77,14 +77,14 @@ def on_disk(tmp_path, monkeypatch, no_user_decompositions):
     ed.cache_clear()
 
 
-def _run(env_dir, extra_env=None):
+def _run(env_dir, extra_env=None, script=SCRIPT):
     """One process's counts, its results under the mode (checked against native eager's in the same
     process: values to rounding, dtypes, shapes, strides, aliasing of split's views), and stderr."""
     env = dict(os.environ, EAGERDECOMP_CACHE_DIR=str(env_dir), EAGERDECOMP_DISK_CACHE="1")
     env.update(extra_env or {})
     saved = env_dir.parent / f"{env_dir.name}-results-{next(_RUNS)}.pt"
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(saved)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, str(saved)], env=env, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
     counts = out.stdout.strip().splitlines()[-1]
@@ -126,6 +126,29 @@ def test_the_kernels_load_when_programs_do_not(tmp_path):
     (traces, loaded, _, preloaded), results2, _ = _run(tmp_path, {"EAGERDECOMP_NO_EXT": "1"})
     assert traces == 0 and loaded > 0
     assert_like_eager(results1, results2)
+
+
+# calls with arguments at their defaults: left out by Python's dispatch, on the stack of the
+# C++ key; a float default (huber_loss's delta, celu's alpha) and the same float given
+DEFAULTED = SCRIPT.replace(
+    "F.mish(x), torch.logsumexp(x, 1), F.silu(x.t()), F.mish(x.view(n, 2, 3).permute(2, 0, 1)),",
+    "F.huber_loss(x, x.flip(0)), F.huber_loss(x, x.flip(0), delta=0.5), F.smooth_l1_loss(x, x.flip(0)), "
+    "F.celu(x), F.celu(x, alpha=2.0), torch.zeros_like(x.t()), x.clone().add_(x.flip(0)), "
+    "torch.logsumexp(x, 1), F.celu(x), F.huber_loss(x, x.flip(0), delta=0.5),",  # (again: C++ hits)
+)
+
+
+@pytest.mark.skipif(not hits.enabled(), reason="one path only without the C++ library")
+@pytest.mark.parametrize("first, second", [("0", "1"), ("1", "0")], ids=["python-then-key", "key-then-python"])
+def test_a_kernel_written_on_one_path_serves_the_other(tmp_path, first, second):
+    """The C++ key hands Python a call as Python's dispatch does (defaults left out), so both
+    paths key it alike: the second process, on the other path, traces nothing."""
+    assert DEFAULTED != SCRIPT  # (the replaced line is there)
+    (traces, _, _, _), results1, _ = _run(tmp_path, {"EAGERDECOMP_KEY_MODE": first}, DEFAULTED)
+    assert traces > 0
+    (traces, loaded, _, preloaded), results2, _ = _run(tmp_path, {"EAGERDECOMP_KEY_MODE": second}, DEFAULTED)
+    assert traces == 0 and loaded + preloaded > 0
+    assert_like_eager(results1, results2)  # the same kernels: bit for bit
 
 
 def test_switched_off_writes_nothing(tmp_path):
