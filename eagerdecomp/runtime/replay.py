@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torch.fx.node import map_arg
 from torch.utils._pytree import tree_unflatten
 
 from eagerdecomp.ops.attribution import warn_as_eager
 
 __all__ = ["Kernel", "Deferred"]
+
+
+# calls of a deferred kernel that walk its graph before its module is made
+INTERPRETED = 2
+
+_RUN_OPS = frozenset({"placeholder", "call_function", "get_attr", "output"})
 
 
 class Deferred:
@@ -25,13 +32,43 @@ class Deferred:
     NOTE: a kernel loaded from disk (a kernel bundle, a shape family) often never runs in
     Python: its first call of each exact key runs the key's C++ program, made from the graph
     alone (:mod:`eagerdecomp.runtime.program`). FX's code generation and ``compile`` of its
-    forward were most of a bundle's cost in a process's first step, profiled.
+    forward were most of a bundle's cost in a process's first step, profiled. On the mode's
+    C++ key a family's kernel answering a new key runs that call in Python once, before its
+    program takes the key over: the first :data:`INTERPRETED` calls walk the graph node by
+    node (:meth:`run`: the same calls in the same order), the next one makes the module.
     """
 
-    __slots__ = ("graph", "_constants", "class_name")
+    __slots__ = ("graph", "_constants", "class_name", "_walk", "runs")
 
     def __init__(self, graph, constants: dict, class_name: str):
         self.graph, self._constants, self.class_name = graph, constants, class_name
+        self._walk, self.runs = None, 0
+
+    def run(self, tensors) -> list | None:
+        """The graph's outputs for ``tensors``, walked node by node; None once the module
+        should be made instead (or the graph holds a node the walk does not take)."""
+        if self.runs >= INTERPRETED:
+            return None
+        self.runs += 1  # (two threads may both count: only which of them walks changes)
+        walk = self._walk
+        if walk is None:
+            walk = self._walk = _walk_of(self.graph)
+        if not walk:
+            return None
+        env: dict = {}
+        load, constants, it = env.__getitem__, self._constants, iter(tensors)
+        for node, kind, free in walk:
+            if kind == "call_function":
+                env[node] = node.target(*map_arg(node.args, load), **map_arg(node.kwargs, load))
+            elif kind == "placeholder":
+                env[node] = next(it)
+            elif kind == "get_attr":
+                env[node] = constants[node.target]
+            else:
+                return list(map_arg(node.args[0], load))
+            for dead in free:  # (as the generated code deletes a value after its last use)
+                del env[dead]
+        return None
 
     def build(self):
         import torch.fx as fx
@@ -39,6 +76,21 @@ class Deferred:
         module = fx.GraphModule(self._constants, self.graph, class_name=self.class_name)
         module._constants = self._constants
         return module
+
+
+def _walk_of(graph) -> tuple:
+    """``(node, op, values last used there)`` per node; () if a node is not a plain call."""
+    nodes = list(graph.nodes)
+    if any(n.op not in _RUN_OPS for n in nodes):
+        return ()
+    last = {}
+    for i, n in enumerate(nodes):
+        for m in n.all_input_nodes:
+            last[m] = i
+    frees: list = [[] for _ in nodes]
+    for m, i in last.items():
+        frees[i].append(m)
+    return tuple((n, n.op, tuple(f)) for n, f in zip(nodes, frees))
 
 
 class Kernel:
@@ -92,9 +144,13 @@ class Kernel:
 
     def __call__(self, tensors: Sequence):
         fn = self.fn
-        if fn is None:
-            fn = self.module.forward
-        flat = fn(*tensors)
+        if fn is not None:
+            flat = fn(*tensors)
+        else:
+            module = self._module
+            flat = module.run(tensors) if type(module) is Deferred else None
+            if flat is None:
+                flat = self.module.forward(*tensors)
         for message, category in self.warnings:
             warn_as_eager(message, category)
         if self.single:
