@@ -224,6 +224,41 @@ def _bag_max(rows, valid, bag, start, bags, indices):
     return aten.where.self(empty, zero, out), aten.where.self(empty, aten.zeros_like.default(rows_of), rows_of)
 
 
+def _read(t):
+    return aten._local_scalar_dense.default(t)
+
+
+# NOTE: eager's checks of the offsets' and indices' values (check_arguments and the kernels'
+# range checks), made before anything is computed. They read data, so every call takes the
+# bypass path (decomposed eagerly; max mode reads its longest bag anyway). Offsets that
+# decrease, which eager reads past its bags without a check, are declined (a clear error).
+def _check_values(weight, indices, offsets, include_last_offset, mode) -> bool:
+    """Raise eager's error for the values eager refuses; False where the offsets decrease."""
+    n, m = indices.shape[0], offsets.shape[0]
+    if m:
+        first, last = aten.select.int(offsets, 0, 0), aten.select.int(offsets, 0, -1)
+        if _read(aten.ne.Scalar(first, 0)):
+            kind = "Long" if offsets.dtype == torch.int64 else "Int"
+            raise RuntimeError(
+                "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+                f"However, got {_read(first)}\n[ torch.{kind}Tensor{{}} ]"
+            )
+        if _read(aten.gt.Scalar(last, n)):
+            raise RuntimeError(
+                f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {_read(last)}"
+            )
+        if m > 1 and _read(aten.any.default(aten.lt.Tensor(aten.slice.Tensor(offsets, 0, 1), aten.slice.Tensor(offsets, 0, 0, m - 1)))):
+            return False
+    if n:
+        outside = aten.logical_or.default(aten.lt.Scalar(indices, 0), aten.ge.Scalar(indices, weight.shape[0]))
+        if _read(aten.any.default(outside)):
+            # (the sum and mean kernels word this by their code path; max mode's words, eager's type)
+            at = _read(aten.argmax.default(aten._to_copy.default(outside, dtype=torch.int32)))
+            value = _read(aten.select.int(indices, 0, at))
+            raise RuntimeError(f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {value}")
+    return True
+
+
 @project_decomposition(aten._embedding_bag.default)
 def embedding_bag(
     weight,
@@ -239,6 +274,8 @@ def embedding_bag(
     if indices.dim() != 1 or offsets.dim() != 1 or weight.dim() != 2 or mode not in (SUM, MEAN, MAX):
         return NotImplemented  # eager's own checks and errors
     if per_sample_weights is not None and mode != SUM:
+        return NotImplemented
+    if not _check_values(weight, indices, offsets, include_last_offset, mode):
         return NotImplemented
     device, n, d = weight.device, indices.shape[0], weight.shape[1]
     bags = offsets.shape[0] - (1 if include_last_offset else 0)

@@ -194,12 +194,46 @@ def test_embedding_bag_int32_indices_like_eager():
     )
 
 
+def _bag(indices, offsets, mode=0):
+    return lambda: aten._embedding_bag(W, torch.tensor(indices), torch.tensor(offsets), False, mode, False, None, False, -1)
+
+
+BAG_ERRORS = {
+    "first-offset-not-0": (_bag([0, 1, 2], [1, 2]), "class"),
+    "first-offset-not-0-int32": (
+        lambda: aten._embedding_bag(W, IDX.int(), torch.tensor([1, 2], dtype=torch.int32), False, 1, False, None, False, -1),
+        "class",
+    ),
+    "offset-past-the-input": (_bag([0, 1, 2], [0, 5], 1), "class"),
+    "index-past-the-rows-max": (_bag([0, 7, -1], [0, 2], 2), "class"),
+    "negative-index-max": (_bag([0, -1, 7], [0, 2], 2), "class"),
+    # the sum and mean kernels word it by their code path: eager's type, not its words
+    "index-past-the-rows-sum": (_bag([0, 7, 2], [0, 2], 0), None),
+}
+
+
+@pytest.mark.parametrize("name", list(BAG_ERRORS))
+def test_embedding_bag_errors_like_eager(name):
+    fn, message = BAG_ERRORS[name]
+    assert_raises_like_eager(fn, opset=PRESET, message=message)
+
+
+def test_embedding_bag_decreasing_offsets_declined():
+    # eager reads past its bags without a check; the mode refuses rather than guess
+    fn = _bag([0, 1, 2], [0, 2, 1], 1)
+    fn()
+    with pytest.raises(ed.EagerDecompError, match="declined"), ed.EagerDecompMode(PRESET):
+        fn()
+
+
 def test_core_aten_keeps_these_ops():
-    # the decompositions serve opsets without the ops; core ATen runs each op itself
-    core = ed.OpSet.preset("core_aten")
+    # the decompositions serve opsets without the ops (nothing changes under core ATen, which runs
+    # each op itself); randperm is an op of both presets
+    core, fusion = ed.OpSet.preset("core_aten"), ed.OpSet.preset(PRESET)
     for op in (aten.avg_pool3d.default, aten._adaptive_avg_pool3d.default, aten._cdist_forward.default,
-               aten._embedding_bag.default, aten.randperm.default):
-        assert op in core and op not in ed.OpSet.preset(PRESET) or op == aten.randperm.default
+               aten._embedding_bag.default):
+        assert op in core and op not in fusion, op
+    assert aten.randperm.default in core and aten.randperm.default in fusion
 
 
 def test_on_edprims_like_cpu():
