@@ -21,7 +21,7 @@ from torch._prims_common import suggest_memory_format
 from eagerdecomp.decompositions.numerics import cast, opmath
 from eagerdecomp.decompositions.pooling import _windows
 from eagerdecomp.decompositions.registry import project_decomposition
-from eagerdecomp.ops.checks import _dtype_check, checks_for
+from eagerdecomp.ops.checks import checks_for, dtype_check
 
 aten = torch.ops.aten
 
@@ -69,7 +69,7 @@ _KERNEL_DTYPES = {
     aten._adaptive_avg_pool3d: frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
 }
 for _packet, _dtypes in _KERNEL_DTYPES.items():
-    checks_for(_packet)(_dtype_check(_packet, _dtypes))
+    checks_for(_packet)(dtype_check(_packet, _dtypes))
 
 
 def _triple(v, default=None):
@@ -131,7 +131,7 @@ def adaptive_avg_pool3d(self, output_size):
 
 # -- pairwise distances --------------------------------------------------------------------------
 
-_USE_MM, _NO_MM = 1, 2
+_USE_MM = 1  # compute_mode: 0 the mm path past 25 rows, 1 always, 2 never
 
 
 def _pairwise(x1, x2, p):
@@ -198,9 +198,13 @@ def _bag_max(rows, valid, bag, start, bags, indices):
     pos = aten.sub.Tensor(aten.arange.default(n, device=device), aten.index.Tensor(start, [bag]))
     # NOTE: the longest bag is a data value: the call takes the bypass path (decomposed eagerly)
     width = int(aten._local_scalar_dense.default(aten.amax.default(pos, [0]))) + 1
-    values = aten.index_put.default(aten.full.default([bags, width, d], 0, dtype=rows.dtype, device=device), [bag, pos], rows)
+    values = aten.index_put.default(
+        aten.full.default([bags, width, d], 0, dtype=rows.dtype, device=device), [bag, pos], rows
+    )
     where = [bag, pos]
-    member = aten.index_put.default(aten.full.default([bags, width], False, dtype=torch.bool, device=device), where, valid)
+    member = aten.index_put.default(
+        aten.full.default([bags, width], False, dtype=torch.bool, device=device), where, valid
+    )
     word = aten.index_put.default(aten.full.default([bags, width], 0, dtype=torch.int64, device=device), where, indices)
     member = aten.unsqueeze.default(member, -1)  # [B, L, 1]
     t = aten.view.default(aten.arange.default(width, device=device), [1, width, 1])
@@ -219,7 +223,9 @@ def _bag_max(rows, valid, bag, start, bags, indices):
     pick = aten.clamp.default(aten.where.self(head_nan, head_c, best), None, width - 1)
     empty = aten.squeeze.dim(aten.eq.Scalar(head, width), 1)
     out = aten.squeeze.dim(aten.gather.default(values, 1, pick), 1)
-    rows_of = aten.squeeze.dim(aten.gather.default(aten.expand.default(aten.unsqueeze.default(word, -1), [bags, width, d]), 1, pick), 1)
+    rows_of = aten.squeeze.dim(
+        aten.gather.default(aten.expand.default(aten.unsqueeze.default(word, -1), [bags, width, d]), 1, pick), 1
+    )
     zero = aten.full.default([], 0, dtype=rows.dtype, device=device)
     return aten.where.self(empty, zero, out), aten.where.self(empty, aten.zeros_like.default(rows_of), rows_of)
 
@@ -247,7 +253,9 @@ def _check_values(weight, indices, offsets, include_last_offset, mode) -> bool:
             raise RuntimeError(
                 f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {_read(last)}"
             )
-        if m > 1 and _read(aten.any.default(aten.lt.Tensor(aten.slice.Tensor(offsets, 0, 1), aten.slice.Tensor(offsets, 0, 0, m - 1)))):
+        if m > 1 and _read(
+            aten.any.default(aten.lt.Tensor(aten.slice.Tensor(offsets, 0, 1), aten.slice.Tensor(offsets, 0, 0, m - 1)))
+        ):
             return False
     if n:
         outside = aten.logical_or.default(aten.lt.Scalar(indices, 0), aten.ge.Scalar(indices, weight.shape[0]))
@@ -285,10 +293,12 @@ def embedding_bag(
     index = aten._to_copy.default(indices, dtype=torch.int64)
     valid = aten.ne.Scalar(index, padding_idx) if padding_idx >= 0 else aten.full.default([n], True, device=device)
     counts = aten.index_put.default(
-        aten.full.default([bags], 0, dtype=torch.int64, device=device), [bag], aten._to_copy.default(valid, dtype=torch.int64), True
+        aten.full.default([bags], 0, dtype=torch.int64, device=device),
+        [bag],
+        aten._to_copy.default(valid, dtype=torch.int64),
+        True,
     )
     rows = aten.index.Tensor(weight, [index])
-    zero = aten.full.default([], 0, dtype=weight.dtype, device=device)
     if mode == MAX:
         if n == 0:
             out = aten.full.default([bags, d], 0, dtype=weight.dtype, device=device)
@@ -301,12 +311,13 @@ def embedding_bag(
         rows = cast(rows, acc)
         if per_sample_weights is not None:
             rows = aten.mul.Tensor(rows, aten.unsqueeze.default(cast(per_sample_weights, acc), 1))
-        rows = aten.where.self(aten.unsqueeze.default(valid, 1), rows, aten.full.default([], 0, dtype=acc, device=device))
+        rows = aten.where.self(
+            aten.unsqueeze.default(valid, 1), rows, aten.full.default([], 0, dtype=acc, device=device)
+        )
         out = aten.index_put.default(aten.full.default([bags, d], 0, dtype=acc, device=device), [bag], rows, True)
         if mode == MEAN:  # over the bag's non-padding entries; an empty bag stays 0
             out = aten.div.Tensor(out, aten.unsqueeze.default(cast(aten.clamp.default(counts, 1), acc), 1))
         out = cast(out, weight.dtype)
-        del zero
     # the bookkeeping outputs, shaped as the meta kernel says for this device, valued as CPU's
     if on_cpu:
         keep_bag = mode != SUM or not _fast_sum(weight, per_sample_weights, padding_idx)
@@ -316,7 +327,11 @@ def embedding_bag(
     else:
         offset2bag = bag
         extra = offsets.shape[0] - bags  # (include_last_offset: the meta kernel's one more, 0)
-        bag_size = aten.cat.default([counts, aten.full.default([extra], 0, dtype=torch.int64, device=device)]) if extra else counts
+        bag_size = (
+            aten.cat.default([counts, aten.full.default([extra], 0, dtype=torch.int64, device=device)])
+            if extra
+            else counts
+        )
         max_indices = None if mode == MAX else aten.full.default([0], 0, dtype=torch.int64, device=device)
     if max_indices is None:
         max_indices = max_rows

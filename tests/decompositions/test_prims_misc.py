@@ -29,6 +29,7 @@ def _seeded(fn):
         torch.manual_seed(7)
         out = fn()
         return out, torch.rand(3)  # the generator ends where eager's does
+
     return draw
 
 
@@ -195,13 +196,17 @@ def test_embedding_bag_int32_indices_like_eager():
 
 
 def _bag(indices, offsets, mode=0):
-    return lambda: aten._embedding_bag(W, torch.tensor(indices), torch.tensor(offsets), False, mode, False, None, False, -1)
+    return lambda: aten._embedding_bag(
+        W, torch.tensor(indices), torch.tensor(offsets), False, mode, False, None, False, -1
+    )
 
 
 BAG_ERRORS = {
     "first-offset-not-0": (_bag([0, 1, 2], [1, 2]), "class"),
     "first-offset-not-0-int32": (
-        lambda: aten._embedding_bag(W, IDX.int(), torch.tensor([1, 2], dtype=torch.int32), False, 1, False, None, False, -1),
+        lambda: aten._embedding_bag(
+            W, IDX.int(), torch.tensor([1, 2], dtype=torch.int32), False, 1, False, None, False, -1
+        ),
         "class",
     ),
     "offset-past-the-input": (_bag([0, 1, 2], [0, 5], 1), "class"),
@@ -230,8 +235,12 @@ def test_core_aten_keeps_these_ops():
     # the decompositions serve opsets without the ops (nothing changes under core ATen, which runs
     # each op itself); randperm is an op of both presets
     core, fusion = ed.OpSet.preset("core_aten"), ed.OpSet.preset(PRESET)
-    for op in (aten.avg_pool3d.default, aten._adaptive_avg_pool3d.default, aten._cdist_forward.default,
-               aten._embedding_bag.default):
+    for op in (
+        aten.avg_pool3d.default,
+        aten._adaptive_avg_pool3d.default,
+        aten._cdist_forward.default,
+        aten._embedding_bag.default,
+    ):
         assert op in core and op not in fusion, op
     assert aten.randperm.default in core and aten.randperm.default in fusion
 
