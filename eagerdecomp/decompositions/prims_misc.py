@@ -79,7 +79,7 @@ def _triple(v, default=None):
 
 @project_decomposition(aten.avg_pool3d.default)
 def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if self.dim() not in (4, 5) or 0 in self.shape[-4:]:
+    if self.dim() not in (4, 5):
         return NotImplemented  # eager's own checks and errors (empty inputs)
     if isinstance(padding, int):
         padding = [padding]
@@ -110,8 +110,18 @@ def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_i
 
 @project_decomposition(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(self, output_size):
-    if self.dim() not in (4, 5) or 0 in self.shape[-4:] or 0 in output_size:
+    if self.dim() not in (4, 5):
         return NotImplemented  # eager's own checks and errors
+    # NOTE: the kernel's check (from dim 1 whatever the rank), which the meta kernel lacks
+    for i in range(1, self.dim()):
+        if self.shape[i] == 0:
+            raise RuntimeError(
+                "adaptive_avg_pool3d(): Expected input to have non-zero size for non-batch dimensions, but input "
+                f"has sizes {list(self.shape)} with dimension {i} being empty"
+            )
+    if 0 in output_size:
+        shape = list(self.shape[:-3]) + list(output_size)
+        return aten.empty.memory_format(shape, dtype=self.dtype, device=self.device)  # (contiguous, as eager's)
     acc = opmath(self.dtype)
     wins, sizes = [], []
     for n_in, n_out in zip(self.shape[-3:], output_size):

@@ -59,6 +59,12 @@ POOLS = {
     "adaptive": lambda: F.adaptive_avg_pool3d(X5, (2, 3, 3)),
     "adaptive-4d-upsizing": lambda: F.adaptive_avg_pool3d(X5[0], (7, 4, 9)),
     "adaptive-channels-last": lambda: F.adaptive_avg_pool3d(X5.to(memory_format=torch.channels_last_3d), (4, 4, 5)),
+    "avg-empty-batch": lambda: F.avg_pool3d(torch.randn(0, 2, 4, 4, 4), 2),
+    "adaptive-empty-batch": lambda: F.adaptive_avg_pool3d(torch.randn(0, 2, 4, 4, 4), 2),
+    "adaptive-no-channels-4d": lambda: F.adaptive_avg_pool3d(torch.randn(0, 4, 4, 4), 2),
+    "adaptive-empty-output": lambda: F.adaptive_avg_pool3d(
+        torch.randn(2, 2, 4, 4, 4).to(memory_format=torch.channels_last_3d), (0, 2, 2)
+    ),
     "adaptive-inf": lambda: F.adaptive_avg_pool3d(
         torch.tensor([1.0, float("inf"), 2, 3, 4]).view(1, 1, 1, 1, 5), (1, 1, 3)
     ),
@@ -105,6 +111,8 @@ POOL_ERRORS = {
     "avg-kernel-too-big": lambda: F.avg_pool3d(X5, 9),
     "avg-padding-past-half": lambda: F.avg_pool3d(X5, 2, padding=2),
     "adaptive-int64": lambda: F.adaptive_avg_pool3d(XI, 2),
+    "adaptive-no-channels": lambda: F.adaptive_avg_pool3d(torch.randn(2, 0, 4, 4, 4), 2),
+    "adaptive-empty-depth": lambda: F.adaptive_avg_pool3d(torch.randn(2, 2, 0, 4, 4), 2),
 }
 
 
