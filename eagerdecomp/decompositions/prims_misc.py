@@ -21,7 +21,7 @@ from torch._prims_common import suggest_memory_format
 from eagerdecomp.decompositions.numerics import cast, opmath
 from eagerdecomp.decompositions.pooling import _windows
 from eagerdecomp.decompositions.registry import project_decomposition
-from eagerdecomp.ops.checks import checks_for, dtype_check
+from eagerdecomp.ops.checks import checks_for, dtype_check, scalar_type_name
 
 aten = torch.ops.aten
 
@@ -141,6 +141,12 @@ def adaptive_avg_pool3d(self, output_size):
 
 # -- pairwise distances --------------------------------------------------------------------------
 
+_C_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+}
 _USE_MM = 1  # compute_mode: 0 the mm path past 25 rows, 1 always, 2 never
 
 
@@ -158,11 +164,22 @@ def _pairwise(x1, x2, p):
     return aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(diff, p), [-1]), 1.0 / p)
 
 
+# NOTE: the meta kernel names a refused dtype as torch does (torch.int64), eager's kernel as C++
+# does (Long); checks run before the meta kernel, after eager's own earlier checks pass
+@checks_for(aten._cdist_forward)
+def _cdist_dtypes(x1, x2, p, compute_mode=None, **out):
+    if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
+        return  # (the meta kernel's refusals, in eager's order and words)
+    for name, x in (("X1", x1), ("X2", x2)):
+        if not x.dtype.is_floating_point:
+            raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: {scalar_type_name(x.dtype)}")
+
+
 @project_decomposition(aten._cdist_forward.default)
 def cdist_forward(x1, x2, p, compute_mode=None):
     if not x1.dtype.is_floating_point or x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
         return NotImplemented  # eager's own checks and errors
-    if p < 0 or x1.dtype != x2.dtype:
+    if p < 0:
         return NotImplemented
     r1, r2, c = x1.shape[-2], x2.shape[-2], x1.shape[-1]
     batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
@@ -174,9 +191,18 @@ def cdist_forward(x1, x2, p, compute_mode=None):
     x1 = aten.expand.default(x1, batch + [r1, c])
     x2 = aten.expand.default(x2, batch + [r2, c])
     mode = compute_mode or 0
+    # NOTE: which dtypes eager takes, and its words, depend on the path (both measured on torch 2.13)
     if p == 2 and (mode == _USE_MM or (mode == 0 and (r1 > 25 or r2 > 25))):
-        # NOTE: the kernel's matrix-product path (cdist_impl): |a|^2 - 2 a.b + |b|^2, clamped at 0
+        # the kernel's matrix-product path (cdist_impl): |a|^2 - 2 a.b + |b|^2, clamped at 0
+        if x1.dtype != x2.dtype:
+            raise RuntimeError(
+                f"expected m1 and m2 to have the same dtype, but got: {_C_NAMES[x1.dtype]} != {_C_NAMES[x2.dtype]}"
+            )
         return aten.clone.default(aten._euclidean_dist.default(x1, x2), memory_format=torch.contiguous_format)
+    if x1.dtype != x2.dtype:
+        raise RuntimeError(f"expected scalar type {scalar_type_name(x1.dtype)} but found {scalar_type_name(x2.dtype)}")
+    if x1.dtype not in (torch.float32, torch.float64):
+        raise NotImplementedError(f"\"cdist\" not implemented for '{scalar_type_name(x1.dtype)}'")
     return aten.clone.default(_pairwise(x1, x2, float(p)), memory_format=torch.contiguous_format)
 
 

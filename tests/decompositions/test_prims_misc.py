@@ -133,6 +133,7 @@ CDIST = {
     "pinf": lambda: torch.cdist(A, B, p=float("inf")),
     "no-columns": lambda: torch.cdist(torch.randn(2, 0), torch.randn(3, 0)),
     "no-rows": lambda: torch.cdist(torch.randn(0, 3), torch.randn(3, 3)),
+    "no-rows-mixed": lambda: torch.cdist(torch.randn(0, 4), B.double()),
 }
 
 
@@ -151,7 +152,17 @@ def test_cdist_gradient_like_eager():
 
 
 @pytest.mark.parametrize(
-    "fn", [lambda: torch.cdist(A, torch.randn(3, 5)), lambda: torch.cdist(A, B, p=-1)], ids=["columns", "negative-p"]
+    "fn",
+    [
+        lambda: torch.cdist(A, torch.randn(3, 5)),
+        lambda: torch.cdist(A, B, p=-1),
+        lambda: torch.cdist(A.long(), B.long()),
+        lambda: torch.cdist(A, B.long()),
+        lambda: torch.cdist(A, B.double()),
+        lambda: torch.cdist(D, B.double()),
+        lambda: torch.cdist(A.half(), B.half()),
+    ],
+    ids=["columns", "negative-p", "integers", "integer-x2", "mixed", "mixed-mm", "half"],
 )
 def test_cdist_errors_like_eager(fn):
     assert_raises_like_eager(fn, opset=PRESET)
@@ -295,3 +306,8 @@ def test_on_edprims_like_cpu():
     assert set(out["ran"]) <= set(out["kernels"]), sorted(set(out["ran"]) - set(out["kernels"]))
     for name, diff in out["diff"].items():
         assert diff is not None and diff <= (0 if name.startswith(("randperm", "embedding_bag-max")) else 1e-5), name
+
+
+def test_cdist_half_on_the_mm_path_like_eager():
+    # (the input an argument: the accuracy rule's float64 run upcasts it)
+    check_against_eager(lambda x, y: torch.cdist(x, y), D.half(), B.half(), opset=PRESET, exact=False)
