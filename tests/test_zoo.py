@@ -88,14 +88,11 @@ UNSUPPORTED = {
         "transformers/Llama4TextModel": "aten.view_as_real.default",
     },
     "prims_fusion": {
-        # LocalResponseNorm pools over channels with avg_pool3d: the preset keeps avg_pool2d alone
-        "cnn/AlexNet": "aten.avg_pool3d.default",
         # core ATen keeps masked_scatter; prims has no scatter by a mask (nor a decomposition to index_put)
         "transformers/HiggsAudioV2ForConditionalGeneration": "aten.masked_scatter.default",
     },
-    # the same two on the device, avg_pool3d met in the out= form its composite kernel calls there
+    # the same on the device
     "edprims": {
-        "cnn/AlexNet": "aten.avg_pool3d.out",
         "transformers/HiggsAudioV2ForConditionalGeneration": "aten.masked_scatter.default",
     },
 }

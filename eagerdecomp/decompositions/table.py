@@ -72,6 +72,7 @@ FAMILY_MODULES = (
     "pointwise",
     "polynomials",
     "pooling",
+    "prims_misc",
     "margins",
     "spacing",
     "bessel",

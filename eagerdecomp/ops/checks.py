@@ -30,7 +30,7 @@ from eagerdecomp.ops.overlap import rules_for
 from eagerdecomp.ops.schema import written
 from eagerdecomp.ops.variants import functional_variant
 
-__all__ = ["check", "CHECKS", "checks_for", "alert", "ALERTS", "warn_once", "ONCE", "ONCE_MESSAGES"]
+__all__ = ["check", "CHECKS", "checks_for", "dtype_check", "alert", "ALERTS", "warn_once", "ONCE", "ONCE_MESSAGES"]
 
 aten = torch.ops.aten
 CHECKS: dict = {}  # OpOverload -> fn(*args, **kwargs) raising eager's error, or returning None
@@ -167,7 +167,10 @@ _UPSAMPLE_DTYPES = {
 }
 
 
-def _dtype_check(packet, dtypes: frozenset):
+def dtype_check(packet, dtypes: frozenset):
+    """A check for ``checks_for(packet)``: eager's NotImplementedError (its CPU kernel's own
+    message) for an input dtype outside ``dtypes``, the dtypes the CPU kernel is built for."""
+
     def check_dtype(input, *args, **kwargs):
         if input.dtype not in dtypes:
             _refuse_as_cpu(packet, input, args, kwargs)
@@ -187,7 +190,7 @@ def _refuse_as_cpu(packet, input, args, kwargs) -> None:
 
 
 for _packet, _dtypes in _UPSAMPLE_DTYPES.items():
-    checks_for(_packet)(_dtype_check(_packet, _dtypes))
+    checks_for(_packet)(dtype_check(_packet, _dtypes))
 
 
 @checks_for(aten.elu_backward)

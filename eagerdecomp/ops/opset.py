@@ -108,6 +108,15 @@ PRIMS_LIBRARY_OPS = {
     # random numbers: prims draws have no eager stream; these draw eager's numbers
     aten.rand.default: "uniform draws (dropout, nn.init): the device's generator, eager's stream",
     aten.bernoulli_.float: "bernoulli draws in place (dropout masks): the device's generator",
+    # NOTE: CPU's randperm swaps with one whole 32-bit generator output per position
+    # (random() % (n - i), random64() past n ~ 2**32 / 20); rand shows only the low 24 bits of
+    # an output (float64: 53 of a pair), so no composition of rand or bernoulli_ draws its
+    # permutation or leaves the generator where it does. Core ATen keeps randperm for the same
+    # reason. random_ and randint stay decompositions, as under core ATen (decompositions/
+    # randint.py): their values are eager's where the range divides 2**24 (2**53 for a 64-bit
+    # draw), and for ranges up to 2**12 and every 64-bit draw they consume what eager's do, so
+    # later draws are eager's; rng.STREAM_DIFFERS names the rest in the report.
+    aten.randperm.default: "random permutations (DataLoader shuffles, index draws): the generator's own stream",
 }
 
 OpLike = str | OpOverload | OpOverloadPacket

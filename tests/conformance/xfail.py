@@ -269,14 +269,10 @@ PRIMS_FUSION_BLOCKERS = {
     ),
     "aten.argmin.default": "the position of the minimum: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
     "aten.min.dim": "the minimum with its position: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
-    "aten.avg_pool3d.default": f"3-d average pooling, a windowed reduction prims cannot express: {KEPT_BY_CORE} (it keeps 2-d pooling)",
-    "aten._adaptive_avg_pool3d.default": f"3-d adaptive average pooling: {KEPT_BY_CORE} (it keeps 2-d pooling)",
     "aten._adaptive_avg_pool2d_backward.default": (
         "adaptive average pooling's gradient at an empty input: pooling.py's decomposition (the preset's path; "
         "core ATen keeps the op) declines 0-size shapes"
     ),
-    "aten._embedding_bag.default": f"embedding_bag's per-bag reduction by offsets: {KEPT_BY_CORE}",
     "aten._pdist_forward.default": f"pairwise distances within a set: {KEPT_BY_CORE}",
-    "aten._cdist_forward.default": f"pairwise distances between two sets: {KEPT_BY_CORE}",
 }
 PRESET_BLOCKERS: dict = {"prims_fusion": PRIMS_FUSION_BLOCKERS}

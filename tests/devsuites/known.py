@@ -61,35 +61,17 @@ _BY_DEVICE: dict[str, dict[str, str]] = {
             test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_int*
             test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_uint8
         """,
-        "no path: randperm has no decomposition to the prims_fusion preset (the tests draw their indices with it)": """
-            test_torch.py::TestTorchDeviceType::test_index_copy_DEVICE_*
-            test_torch.py::TestTorchDeviceType::test_put_DEVICE_*
-        """,
         "no path: masked_scatter_ has no decomposition to the prims_fusion preset": """
             test_torch.py::TestTorchDeviceType::test_masked_scatter_DEVICE_*
         """,
         "no path: masked_select's out= form has no decomposition to the prims_fusion preset": """
             test_torch.py::TestTorchDeviceType::test_masked_select_DEVICE_*
         """,
-        "no path: random_(from, to) has no decomposition to the prims_fusion preset (the tests draw targets)": """
-            test_nn.py::TestNNDeviceType::test_cross_entropy_label_smoothing_consistent_index_target_and_probs_DEVICE
-            test_nn.py::TestNNDeviceType::test_cross_entropy_loss_one_hot_target_DEVICE
-        """,
-        "no path: _cdist_forward has no decomposition to the prims_fusion preset": """
-            test_torch.py::TestTorchDeviceType::test_cdist_large_DEVICE
-            test_torch.py::TestTorchDeviceType::test_cdist_norm_DEVICE
-        """,
         "no path: scatter's reduce= forms (and scatter_reduce.two) have no decomposition to prims_fusion": """
             test_torch.py::TestTorchDeviceType::test_scatter_reduce_non_unique_index_DEVICE_float32
             test_torch.py::TestTorchDeviceType::test_scatter_reduce_operations_to_large_input_DEVICE_float32
             test_torch.py::TestTorchDeviceType::test_scatter_reduce_scalar_DEVICE_float32
             test_nn.py::TestNNDeviceType::test_MarginLoss_empty_DEVICE_float32
-        """,
-        "no path: _adaptive_avg_pool3d has no decomposition to the prims_fusion preset": """
-            test_torch.py::TestTorchDeviceType::test_nondeterministic_alert_AdaptiveAvgPool3d_DEVICE
-        """,
-        "no path: _embedding_bag has no decomposition to the prims_fusion preset": """
-            test_torch.py::TestTorchDeviceType::test_nondeterministic_alert_EmbeddingBag_max_DEVICE
         """,
         "no path: an in-place write into an expanded tensor (eager allows threshold_ there: idempotent) is "
         "written through scatter_reduce, which has no decomposition to the prims_fusion preset": """
