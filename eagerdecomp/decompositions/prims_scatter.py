@@ -18,7 +18,8 @@ and stays, ties keep the earlier value: signed zeros too), which makes any group
 fold's answer; integer products wrap the same whatever the grouping. A float product depends on
 the order of its roundings: up to :data:`_IN_ORDER_MAX` index entries along ``dim`` it is folded
 one entry at a time, in the kernel's order (exact); past that the scan's grouping rounds
-otherwise (within the dtype's tolerance).
+otherwise (within the dtype's tolerance). Up to :data:`_IN_ORDER_FEW` entries every reduction
+takes that one-entry-at-a-time path: fewer ops than the scan.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from eagerdecomp.decompositions.registry import project_decomposition
 
 aten = torch.ops.aten
 
-# float products with at most this many index entries along dim are folded in eager's order
+# Up to this many index entries along dim a reduction is folded one entry at a time, in eager's
+# order (exact, and fewer ops than the grouped scan for few entries); a float product, whose
+# rounding depends on that order, up to _IN_ORDER_MAX.
+_IN_ORDER_FEW = 16
 _IN_ORDER_MAX = 64
 
 
@@ -137,8 +141,8 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
             count = aten.masked_fill.Scalar(count, aten.eq.Scalar(count, 0), 1)
             integral = not (self.dtype.is_floating_point or self.dtype.is_complex)
             out = aten.div.Tensor_mode(out, count, rounding_mode="floor") if integral else aten.div.Tensor(out, count)
-    elif reduce == "prod" and self.dtype.is_floating_point and index.shape[dim] <= _IN_ORDER_MAX:
-        out = _in_order(out, dim, index, src, _prod_fold)
+    elif index.shape[dim] <= (_IN_ORDER_MAX if reduce == "prod" and self.dtype.is_floating_point else _IN_ORDER_FEW):
+        out = _in_order(out, dim, index, src, _FOLDS[reduce])
     else:
         out = _grouped(out, dim, index, src, _FOLDS[reduce], include_self)
     return aten.clone.default(out, memory_format=torch.contiguous_format)

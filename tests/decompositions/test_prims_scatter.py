@@ -46,6 +46,7 @@ SHAPES = {
     "2d-dim1": ((4, 6), 1, (4, 9), (4, 9)),
     "index-smaller-than-src": ((5, 4), 0, (3, 2), (6, 5)),
     "3d-dim-1": ((2, 3, 4), -1, (2, 3, 8), (2, 3, 8)),
+    "mid-groups": ((4, 3), 0, (30, 3), (30, 3)),  # past _IN_ORDER_FEW: the scan, but a float product
     "long-groups": ((3, 2), 0, (80, 2), (80, 2)),  # past _IN_ORDER_MAX: the scan alone
 }
 
