@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.checks import scalar_type_name
 
 aten = torch.ops.aten
 
@@ -119,14 +120,40 @@ def _grouped(self, dim, index, src, fold, include_self):
     return aten.slice.Tensor(out, dim, 0, size)
 
 
+def _check_shapes(self, dim, index, src):
+    """eager's scatter_shape_check (ScatterGatherChecks.h), in its order and words: the steps
+    below would otherwise fail on a sliced index, in other words."""
+    if index.numel() == 0:
+        return
+    if index.dim() != self.dim():
+        raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+    d = dim % self.dim()
+    wrong = any(n > self.shape[k] for k, n in enumerate(index.shape) if k != d)
+    for k, n in enumerate(index.shape):
+        if wrong:
+            break
+        if k >= src.dim():  # (eager reads src.size(k): its IndexError)
+            m = src.dim()
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-m}, {m - 1}], but got {k})")
+        wrong = n > src.shape[k]
+    if wrong:
+        raise RuntimeError(
+            f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart from "
+            f"dimension {d} and to be no larger size than src {list(src.shape)}"
+        )
+
+
 @project_decomposition(aten.scatter_reduce.two)
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if reduce not in _REDUCES:
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if self.dim() and index.dim() and src.dim():
+        _check_shapes(self, dim, index, src)
     if self.dim() == 0 or index.dim() == 0 or src.dim() == 0:
         # NOTE: eager reads a 0-dim tensor as a 1-element one here
         flat = [aten.view.default(t, [1]) if t.dim() == 0 else t for t in (self, index, src)]
-        return aten.view.default(scatter_reduce(*flat[:1], dim, *flat[1:], reduce, include_self=include_self), [])
+        out = scatter_reduce(flat[0], dim, flat[1], flat[2], reduce, include_self=include_self)
+        return aten.view.default(out, list(self.shape))
     dim = dim % self.dim()
     if index.numel() == 0:
         return aten.clone.default(self, memory_format=torch.contiguous_format)
@@ -170,10 +197,13 @@ def _count_upto(flat):
 @project_decomposition(aten.masked_scatter.default)
 def masked_scatter(self, mask, source):
     if mask.dtype != torch.bool:
-        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
+        raise RuntimeError(
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype {scalar_type_name(mask.dtype)}"
+        )
     if self.dtype != source.dtype:
         raise RuntimeError(
-            f"masked_scatter: expected self and source to have same dtypes but got {self.dtype} and {source.dtype}"
+            "masked_scatter: expected self and source to have same dtypes but got"
+            f"{scalar_type_name(self.dtype)} and {scalar_type_name(source.dtype)}"  # (no space: eager's words)
         )
     shape = list(torch.broadcast_shapes(self.shape, mask.shape))
     base = aten.reshape.default(aten.expand.default(self, shape), [-1])
@@ -185,5 +215,7 @@ def masked_scatter(self, mask, source):
             raise RuntimeError("Number of elements of source < number of ones in mask")
         return aten.clone.default(aten.view.default(base, shape), memory_format=torch.contiguous_format)
     k = aten.sub.Scalar(_count_upto(flat), 1)
-    taken = aten.gather.default(aten.reshape.default(source, [-1]), 0, aten.where.self(flat, k, aten.zeros_like.default(k)))
+    taken = aten.gather.default(
+        aten.reshape.default(source, [-1]), 0, aten.where.self(flat, k, aten.zeros_like.default(k))
+    )
     return aten.view.default(aten.where.self(flat, taken, base), shape)

@@ -88,7 +88,11 @@ def test_scatter_reduce_amax_signed_zero_and_nan_like_eager():
     for reduce in ("amax", "amin"):
         for include_self in (True, False):
             _, got = check_against_eager(
-                lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self=include_self), x, index, src, opset=PRESET
+                lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self=include_self),
+                x,
+                index,
+                src,
+                opset=PRESET,
             )
             want = x.scatter_reduce(0, index, src, reduce, include_self=include_self)
             assert torch.equal(torch.signbit(got), torch.signbit(want))
@@ -175,23 +179,26 @@ def test_masked_scatter_noncontiguous_and_empty_like_eager():
     mask = torch.tensor([True, False, True])
     check_against_eager(lambda x, m, s: x.masked_scatter(m, s), x, mask, torch.randn(20)[::2], opset=PRESET)
     empty = torch.empty(5, 0, 5)
-    check_against_eager(lambda x, m, s: x.masked_scatter_(m, s), empty, torch.ones(5, 1, 5, dtype=torch.bool),
-                        torch.empty(0), opset=PRESET)
-    check_against_eager(lambda x, m, s: x.masked_scatter(m, s), torch.randn(4), torch.zeros(4, dtype=torch.bool),
-                        torch.empty(0), opset=PRESET)
+    check_against_eager(
+        lambda x, m, s: x.masked_scatter_(m, s),
+        empty,
+        torch.ones(5, 1, 5, dtype=torch.bool),
+        torch.empty(0),
+        opset=PRESET,
+    )
+    check_against_eager(
+        lambda x, m, s: x.masked_scatter(m, s),
+        torch.randn(4),
+        torch.zeros(4, dtype=torch.bool),
+        torch.empty(0),
+        opset=PRESET,
+    )
 
 
 @pytest.mark.parametrize("source", [torch.zeros(2), torch.empty(0)], ids=["short", "empty"])
 def test_masked_scatter_short_source_raises_like_eager(source):
     x, mask = torch.arange(10.0), torch.arange(10) % 3 == 0
     assert_raises_like_eager(lambda: x.clone().masked_scatter_(mask, source), opset=PRESET, message=None)
-
-
-def test_masked_scatter_mask_dtype_raises_like_eager():
-    x = torch.zeros(4)
-    assert_raises_like_eager(
-        lambda: x.masked_scatter(torch.ones(4, dtype=torch.uint8), torch.ones(4)), opset=PRESET, message=None
-    )
 
 
 def test_threshold_inplace_on_expanded_like_eager():
@@ -244,3 +251,31 @@ print("ok", len(calls))
 def test_on_edprims_like_cpu():
     done = subprocess.run([sys.executable, "-c", _ON_EDPRIMS], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "ok 8" in done.stdout, done.stderr[-3000:]
+
+
+SHAPE_ERRORS = {
+    "index-wider-than-self": ((3, 2), (2, 3), (3, 3)),
+    "index-longer-than-src": ((3, 2), (3, 2), (2, 2)),
+    "index-fewer-dims": ((3, 2), (2,), (3, 3)),
+    "src-fewer-dims": ((3, 2), (2, 2), (3,)),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_ERRORS))
+def test_scatter_reduce_shape_errors_like_eager(case):
+    self_shape, index_shape, src_shape = SHAPE_ERRORS[case]
+    x, index, src = torch.zeros(self_shape), torch.zeros(index_shape, dtype=torch.int64), torch.ones(src_shape)
+    assert_raises_like_eager(lambda: x.scatter_reduce(0, index, src, "amax"), opset=PRESET, message=True)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.int64], ids=str)
+def test_masked_scatter_dtype_errors_like_eager(mask_dtype):
+    x = torch.zeros(4)
+    assert_raises_like_eager(
+        lambda: x.masked_scatter(torch.ones(4, dtype=mask_dtype), torch.ones(4)), opset=PRESET, message=True
+    )
+    assert_raises_like_eager(
+        lambda: x.masked_scatter(torch.ones(4, dtype=torch.bool), torch.ones(4, dtype=torch.float64)),
+        opset=PRESET,
+        message=True,
+    )
