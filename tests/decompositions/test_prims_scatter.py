@@ -80,6 +80,16 @@ def test_scatter_reduce_inplace_noncontiguous_like_eager(reduce):
     check_against_eager(lambda x, i, s: x.scatter_reduce_(0, i, s, reduce), x, index, src, opset=PRESET)
 
 
+@pytest.mark.parametrize("reduce", ["prod", "amin", "mean"])
+def test_scatter_reduce_out_like_eager(reduce):
+    gen = torch.Generator().manual_seed(4)
+    x, src = torch.randn(4, 3, generator=gen), torch.randn(6, 3, generator=gen)
+    index = torch.randint(0, 4, (6, 3), generator=gen)
+    check_against_eager(
+        lambda x, i, s: torch.scatter_reduce(x, 0, i, s, reduce, out=torch.empty(0)), x, index, src, opset=PRESET
+    )
+
+
 def test_scatter_reduce_amax_signed_zero_and_nan_like_eager():
     # ties keep the earlier value (the sign of a zero shows it); a NaN wins and stays
     x = torch.tensor([0.0, -0.0, 1.0, float("nan")])
