@@ -13,8 +13,9 @@ import sys
 import pytest
 import torch
 
+import eagerdecomp as ed
 from eagerdecomp.decompositions import prims_scatter
-from eagerdecomp.testing import witness_available
+from eagerdecomp.testing import KernelWitness, witness_available
 from tests.compare import assert_raises_like_eager, check_against_eager
 
 PRESET = "prims_fusion"
@@ -215,6 +216,31 @@ def test_threshold_inplace_on_expanded_like_eager():
     # an in-place write into a tensor that overlaps itself is written through scatter_reduce
     x = torch.randn(1, 5).expand(6, 5)
     check_against_eager(lambda x: torch.nn.functional.threshold_(x, 0.0, -1.0), x, opset=PRESET)
+
+
+@pytest.mark.skipif(not witness_available(), reason="needs eagerdecomp's C++ library")
+def test_kernel_witness_sees_preset_ops_only():
+    # the mode's C++ key path (RecordingMode, in check_against_eager, takes the Python path),
+    # twice per call: the second a cached kernel's replay
+    gen = torch.Generator().manual_seed(17)
+    x, src = torch.randn(5, 4, generator=gen), torch.randn(40, 4, generator=gen)
+    index = torch.randint(0, 5, (40, 4), generator=gen)
+    ints = torch.randint(-3, 4, (40, 4), generator=gen)
+    mask = torch.rand(5, 4, generator=gen) > 0.5
+    calls = {
+        "amax-scan": lambda: x.scatter_reduce(0, index, src, "amax", include_self=False),
+        "int-prod-scan": lambda: ints[:5].scatter_reduce(0, index, ints, "prod"),
+        "prod-in-order": lambda: x.scatter_reduce(0, index[:9], src, "prod"),
+        "mean": lambda: ints[:5].scatter_reduce(0, index, ints, "mean", include_self=False),
+        "index_reduce": lambda: x.index_reduce(0, index[:, 0], src, "amin"),
+        "masked_scatter": lambda: x.masked_scatter(mask, src),
+    }
+    for name, f in calls.items():
+        want = f()
+        with KernelWitness() as seen, ed.EagerDecompMode(PRESET):
+            got = [f(), f()]
+        assert all(torch.equal(g, want) for g in got), name
+        seen.assert_only(PRESET)
 
 
 # NOTE: one reference device per process, and conftest registers edref in this one: the
