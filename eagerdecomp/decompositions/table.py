@@ -80,6 +80,7 @@ FAMILY_MODULES = (
     "gamma",
     "rrelu",
     "segments",
+    "prims_scatter",
     "rnn",
     "packed",
     "fused_optim",

@@ -256,16 +256,9 @@ PRIMS_FUSION_BLOCKERS = {
     "aten._fft_r2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
     "aten._fft_c2r.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
     "aten._fft_c2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
-    "aten.scatter_reduce.two": (
-        f"scatter with a reduction (sum, prod, mean, amax, amin; index_reduce's path): {KEPT_BY_CORE} "
-        "(the preset keeps scatter and scatter_add)"
-    ),
     "aten.nonzero.default": (
         "nonzero (argwhere, nonzero_static, and kthvalue's path): an output shape that depends on the values, "
         f"which no prims op has; {KEPT_BY_CORE}"
-    ),
-    "aten.masked_scatter.default": (
-        f"a scatter to data-dependent positions (masked_select's and combinations' gradients): {KEPT_BY_CORE}"
     ),
     "aten.argmin.default": "the position of the minimum: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
     "aten.min.dim": "the minimum with its position: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",

@@ -55,28 +55,6 @@ _BY_DEVICE: dict[str, dict[str, str]] = {
     # NOTE: from the runs so far on edprims: test_view_ops.py whole, every 4th test of test_torch.py
     # and test_nn.py (docs/device-guide.md); the dtype copies of a listed test are listed with it
     "edprims": {
-        "no path: index_reduce has no decomposition to the prims_fusion preset (core ATen keeps it)": """
-            test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_float32
-            test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_float64
-            test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_int*
-            test_torch.py::TestTorchDeviceType::test_index_reduce_reduce_*_DEVICE_uint8
-        """,
-        "no path: masked_scatter_ has no decomposition to the prims_fusion preset": """
-            test_torch.py::TestTorchDeviceType::test_masked_scatter_DEVICE_*
-        """,
-        "no path: masked_select's out= form has no decomposition to the prims_fusion preset": """
-            test_torch.py::TestTorchDeviceType::test_masked_select_DEVICE_*
-        """,
-        "no path: scatter's reduce= forms (and scatter_reduce.two) have no decomposition to prims_fusion": """
-            test_torch.py::TestTorchDeviceType::test_scatter_reduce_non_unique_index_DEVICE_float32
-            test_torch.py::TestTorchDeviceType::test_scatter_reduce_operations_to_large_input_DEVICE_float32
-            test_torch.py::TestTorchDeviceType::test_scatter_reduce_scalar_DEVICE_float32
-            test_nn.py::TestNNDeviceType::test_MarginLoss_empty_DEVICE_float32
-        """,
-        "no path: an in-place write into an expanded tensor (eager allows threshold_ there: idempotent) is "
-        "written through scatter_reduce, which has no decomposition to the prims_fusion preset": """
-            test_nn.py::TestNNDeviceType::test_threshold_inplace_overlap_DEVICE
-        """,
         "open, not a wrong value: view decomposes to prims.as_strided, whose schema marks its input written "
         "(Tensor(a!)), and the reference device copies a lazily cloned (copy-on-write) storage an op writes, "
         "as CPU kernels do (csrc/refdev.cpp materialize); the tests assert it stays shared. On edref view is "
