@@ -243,9 +243,9 @@ def test_embedding_bag_errors_like_eager(name):
 
 
 def test_embedding_bag_decreasing_offsets_declined():
-    # eager reads past its bags without a check; the mode refuses rather than guess
+    # eager reads past its bags without a check (undefined: it returned values in one run and
+    # raised an internal assert in another); the mode refuses rather than guess
     fn = _bag([0, 1, 2], [0, 2, 1], 1)
-    fn()
     with pytest.raises(ed.EagerDecompError, match="declined"), ed.EagerDecompMode(PRESET):
         fn()
 
