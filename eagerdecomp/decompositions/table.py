@@ -73,6 +73,7 @@ FAMILY_MODULES = (
     "polynomials",
     "pooling",
     "prims_misc",
+    "scans",
     "margins",
     "spacing",
     "bessel",
