@@ -77,13 +77,6 @@ _BY_DEVICE: dict[str, dict[str, str]] = {
         "written through scatter_reduce, which has no decomposition to the prims_fusion preset": """
             test_nn.py::TestNNDeviceType::test_threshold_inplace_overlap_DEVICE
         """,
-        "open, not a wrong value: view decomposes to prims.as_strided, whose schema marks its input written "
-        "(Tensor(a!)), and the reference device copies a lazily cloned (copy-on-write) storage an op writes, "
-        "as CPU kernels do (csrc/refdev.cpp materialize); the tests assert it stays shared. On edref view is "
-        "the device's own kernel. (The runtime's own early copy, a data pointer read, is fixed.)": """
-            test_torch.py::TestTorchDeviceType::test_lazy_clone_view_DEVICE_*
-            test_torch.py::TestTorchDeviceType::test_lazy_clone_binary_op_no_materialize_DEVICE_*
-        """,
     },
 }
 
