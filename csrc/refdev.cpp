@@ -324,6 +324,15 @@ void materialize(const c10::IValue& v) {
   }
 }
 
+// Whether an op that marks an argument written changes only its metadata, never its memory:
+// the inplace_view ops (t_, squeeze_, as_strided_) and prims::as_strided, a view whose schema
+// marks its input written (Tensor(a!)). CPU kernels ask none of them for a writable pointer, so
+// a copy-on-write storage stays shared (test_lazy_clone_view on edprims, where view lowers to it).
+bool writes_metadata_only(const c10::OperatorHandle& op) {
+  static const c10::OperatorName as_strided("prims::as_strided", "");
+  return op.hasTag(at::Tag::inplace_view) || op.operator_name() == as_strided;
+}
+
 // Index of the argument a return aliases (by alias set), or -1.
 int aliased_argument(const c10::FunctionSchema& schema, const c10::AliasInfo* ret) {
   const auto& args = schema.arguments();
@@ -344,9 +353,11 @@ void forward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto first = stack->end() - static_cast<std::ptrdiff_t>(nargs);
   c10::SmallVector<c10::IValue, 8> original(first, stack->end());
   c10::SmallVector<c10::IValue, 8> host(nargs);
-  for (size_t i = 0; i < nargs; ++i) {
-    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
-    if (a && a->isWrite()) materialize(original[i]);
+  if (!writes_metadata_only(op)) {
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+      if (a && a->isWrite()) materialize(original[i]);
+    }
   }
   Call call;
   for (size_t i = 0; i < nargs; ++i) host[i] = call.to_host(original[i]);

@@ -165,3 +165,34 @@ def test_random_factories_draw_eager_numbers_on_the_device():
         """
     )
     assert out == {name: [True, True, True] for name in out} and len(out) == 9, out
+
+
+def test_a_view_leaves_a_lazily_cloned_storage_shared_and_a_write_copies_it():
+    # view lowers to prims.as_strided, whose schema marks its input written (Tensor(a!)): the
+    # device copied a copy-on-write storage at every view (PyTorch's test_lazy_clone_view)
+    out = _run(
+        """
+        import json
+        import torch
+        import eagerdecomp as ed
+        from eagerdecomp.testing import prims_reference_device
+
+        dev = prims_reference_device()
+        ed.enable(dev)
+        t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=dev)
+        ptr = torch._C._data_address(t)
+        clone = t._lazy_clone()
+        view = t.view([4])
+        s = t + 1  # (a binary op reads: no copy either)
+        res = {
+            "cow": [torch._C._is_cow_tensor(x) for x in (t, view, clone)],
+            "shared": [torch._C._data_address(x) == ptr for x in (t, view, clone)],
+        }
+        view.add_(10)  # a write copies the storage first: the clone keeps its values
+        res["after"] = [t.cpu().tolist(), clone.cpu().tolist(), s.cpu().tolist()]
+        res["clone_ptr"] = torch._C._data_address(clone) == ptr
+        print(json.dumps(res))
+        """
+    )
+    assert out["cow"] == [True, True, True] and out["shared"] == [True, True, True], out
+    assert out["after"] == [[[10.0, 11.0], [12.0, 13.0]], [[0.0, 1.0], [2.0, 3.0]], [[1.0, 2.0], [3.0, 4.0]]], out

@@ -55,13 +55,6 @@ _BY_DEVICE: dict[str, dict[str, str]] = {
     # NOTE: from the runs on edprims (docs/device-guide.md); the dtype copies of a listed test are
     # listed with it
     "edprims": {
-        "open, not a wrong value: view decomposes to prims.as_strided, whose schema marks its input written "
-        "(Tensor(a!)), and the reference device copies a lazily cloned (copy-on-write) storage an op writes, "
-        "as CPU kernels do (csrc/refdev.cpp materialize); the tests assert it stays shared. On edref view is "
-        "the device's own kernel. (The runtime's own early copy, a data pointer read, is fixed.)": """
-            test_torch.py::TestTorchDeviceType::test_lazy_clone_view_DEVICE_*
-            test_torch.py::TestTorchDeviceType::test_lazy_clone_binary_op_no_materialize_DEVICE_*
-        """,
         "slow, not wrong: past the time limit; a Python loop of 40,000-60,000 indexing calls at a new "
         "index each (x0[i, :, :] = src[i]), each view a call of prims.as_strided, whose kernel on the "
         "reference device is PyTorch's Python implementation (~30 us), and each new index a new key "
