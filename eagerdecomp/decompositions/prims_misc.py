@@ -1,5 +1,6 @@
 """Core ATen ops with no path to the ``prims_fusion`` preset: 3-D average pooling (plain and
-adaptive), pairwise distances (``_cdist_forward``) and ``_embedding_bag``.
+adaptive), pairwise distances (``_cdist_forward``), ``_embedding_bag``, and the minimum's
+position (``min.dim``, ``argmin``: through ``max.dim`` and ``argmax`` of an order-reversed input).
 
 Core ATen keeps all of them, so these entries change nothing there (an opset's own ops leave
 the table); a prims opset reaches its library ops (``index``, ``mm``/``bmm``, ``index_put``,
@@ -377,3 +378,53 @@ def embedding_bag(
         aten._to_copy.default(bag_size, dtype=book),
         aten._to_copy.default(max_indices, dtype=book),
     )
+
+
+# -- the minimum's position: min.dim and argmin through the preset's max.dim and argmax -----------
+
+
+def _reversed(x):
+    """A map of ``x``'s values that reverses their order, keeps ties tied and NaN NaN: the maximum's
+    first position in it is the minimum's first position in ``x``.
+
+    NOTE: integers through ``~v`` (``-v - 1``), not ``-v``, which overflows at the type's minimum
+    (and for unsigned types is no reversal); floats through ``-v`` (``-0.0`` and ``0.0`` stay tied)."""
+    if x.dtype == torch.bool:
+        return aten.logical_not.default(x)
+    if x.is_floating_point():
+        return aten.neg.default(x)
+    return aten.bitwise_not.default(x)
+
+
+def _min_checks(name, x, dim):
+    """Eager's refusals, in its words (the max ops' would name themselves)."""
+    if x.is_complex():
+        raise RuntimeError(f"{name}(): does not support complex input")
+    if name == "argmin" and x.dtype == torch.bool:
+        raise RuntimeError("argmin(): does not support bool input")
+    if dim is None:
+        if x.numel() == 0:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        return
+    d = dim % x.dim() if x.dim() and -x.dim() <= dim < x.dim() else None
+    if d is not None and x.shape[d] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+@project_decomposition(aten.min.dim)
+def min_dim(self, dim, keepdim=False):
+    _min_checks("min", self, dim)
+    _, indices = aten.max.dim(_reversed(self), dim, keepdim)  # (eager's dim-range error if out of range)
+    if self.dim() == 0:
+        return aten.clone.default(self), indices
+    # the values are read back at the positions: the input's own elements (signed zeros included)
+    d = dim % self.dim()
+    at = indices if keepdim else aten.unsqueeze.default(indices, d)
+    values = aten.gather.default(self, d, at)
+    return (values if keepdim else aten.squeeze.dim(values, d)), indices
+
+
+@project_decomposition(aten.argmin.default)
+def argmin(self, dim=None, keepdim=False):
+    _min_checks("argmin", self, dim)
+    return aten.argmax.default(_reversed(self), dim, keepdim)

@@ -260,8 +260,6 @@ PRIMS_FUSION_BLOCKERS = {
         "nonzero (argwhere, nonzero_static, and kthvalue's path): an output shape that depends on the values, "
         f"which no prims op has; {KEPT_BY_CORE}"
     ),
-    "aten.argmin.default": "the position of the minimum: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
-    "aten.min.dim": "the minimum with its position: prims reduces values only, and the preset keeps argmax and max.dim, not their minimum twins",
     "aten._adaptive_avg_pool2d_backward.default": (
         "adaptive average pooling's gradient at an empty input: pooling.py's decomposition (the preset's path; "
         "core ATen keeps the op) declines 0-size shapes"

@@ -259,6 +259,8 @@ def test_core_aten_keeps_these_ops():
         aten._adaptive_avg_pool3d.default,
         aten._cdist_forward.default,
         aten._embedding_bag.default,
+        aten.min.dim,
+        aten.argmin.default,
     ):
         assert op in core and op not in fusion, op
     assert aten.randperm.default in core and aten.randperm.default in fusion
@@ -311,3 +313,58 @@ def test_on_edprims_like_cpu():
 def test_cdist_half_on_the_mm_path_like_eager():
     # (the input an argument: the accuracy rule's float64 run upcasts it)
     check_against_eager(lambda x, y: torch.cdist(x, y), D.half(), B.half(), opset=PRESET, exact=False)
+
+
+# -- the minimum's position (min.dim, argmin through max.dim and argmax) -----------------------------
+
+_G = torch.Generator().manual_seed(3)
+MIN_INPUTS = {
+    "float32": torch.randn(4, 6, generator=_G),
+    "ties-signed-zeros": torch.tensor([[0.0, -0.0, 1.0, -0.0], [2.0, 2.0, 5.0, 2.0]]),
+    "nan": torch.tensor([[1.0, float("nan"), 0.0, float("nan")], [float("inf"), -float("inf"), 3.0, -float("inf")]]),
+    "float64-transposed": torch.randn(6, 4, dtype=torch.float64, generator=_G).t(),
+    "bfloat16": torch.randn(3, 5, generator=_G).to(torch.bfloat16),
+    "int64-extremes": torch.tensor([[-(2**63), 5, -(2**63)], [2**63 - 1, 3, 3]]),
+    "int8": torch.randint(-128, 128, (4, 7), generator=_G, dtype=torch.int8),
+    "uint8": torch.randint(0, 256, (4, 7), generator=_G, dtype=torch.uint8),
+    "bool": torch.rand(4, 5, generator=_G) > 0.5,
+    "3d": torch.randint(0, 3, (2, 3, 4), generator=_G).float(),
+    "0d": torch.tensor(2.5),
+    "empty-other-dim": torch.empty(0, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(MIN_INPUTS))
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_min_dim_and_argmin_like_eager(name, keepdim):
+    x = MIN_INPUTS[name]
+    dims = [0, -1] if x.dim() else [0]
+    for d in dims:
+        if x.dim() and x.shape[d] == 0:
+            continue  # (eager's error: test_min_errors_like_eager)
+        check_against_eager(lambda: torch.min(x, d, keepdim), opset=PRESET)
+        if x.dtype != torch.bool:  # (eager's argmin refuses bool: test_min_errors_like_eager)
+            check_against_eager(lambda: torch.argmin(x, d, keepdim), opset=PRESET)
+    if x.numel() and x.dtype != torch.bool:
+        check_against_eager(lambda: torch.argmin(x), opset=PRESET)
+
+
+MIN_ERRORS = {
+    "min-complex": lambda: torch.min(torch.ones(3, dtype=torch.complex64), 0),
+    "argmin-complex": lambda: torch.argmin(torch.ones(3, dtype=torch.complex64)),
+    "argmin-bool": lambda: torch.argmin(torch.ones(3, dtype=torch.bool), 0),
+    "min-empty-dim": lambda: torch.min(torch.empty(2, 0), -1),
+    "argmin-empty-dim": lambda: torch.argmin(torch.empty(2, 0), 1),
+    "argmin-empty-no-dim": lambda: torch.argmin(torch.empty(0)),
+    "min-dim-out-of-range": lambda: torch.min(torch.ones(2, 3), 4),
+}
+
+
+@pytest.mark.parametrize("name", list(MIN_ERRORS))
+def test_min_errors_like_eager(name):
+    assert_raises_like_eager(MIN_ERRORS[name], opset=PRESET, message=True)
+
+
+def test_min_gradients_like_eager():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    check_against_eager(lambda: torch.autograd.grad(torch.min(x, 1).values.sum(), x), opset=PRESET)
