@@ -81,22 +81,13 @@ def _row(name: str, device, todo: list, opset: str = zoo.CORE) -> dict:
 # promised, for an op with no path to the preset yet (per preset: under the mode, or the preset of
 # the reference device they ran on). Any other model that stops so fails, and so does one of these
 # stopping on another op. A model leaves this table when it runs.
-_PRESET_BLOCKED = {
-    "transformers/FNetForMaskedLM": "aten._fft_c2r.default",
-    "transformers/OpenAIPrivacyFilterModel": "aten.nonzero.default",
-    "transformers/ViltModel": "aten.nonzero.default",
+_BLOCKED = {
+    # a complex tensor viewed as real (FNet's Fourier mixing, Llama 4's rotary embedding): no core
+    # ATen or prims op reinterprets a dtype in place
+    "transformers/FNetForMaskedLM": "aten.view_as_real.default",
+    "transformers/Llama4TextModel": "aten.view_as_real.default",
 }
-UNSUPPORTED = {
-    "core_aten": {
-        # a complex tensor viewed as real (FNet's Fourier mixing, Llama 4's rotary embedding)
-        "transformers/FNetForMaskedLM": "aten.view_as_real.default",
-        "transformers/Llama4TextModel": "aten.view_as_real.default",
-    },
-    # core ATen keeps these; prims has no data-dependent shape (nonzero: boolean-mask indexing) and no
-    # FFT, and the preset lists neither as a library op (from the zoo's every-4th sample under the preset)
-    "prims_fusion": _PRESET_BLOCKED,
-    "edprims": _PRESET_BLOCKED,  # (the same on the device)
-}
+UNSUPPORTED = {"core_aten": _BLOCKED, "prims_fusion": _BLOCKED, "edprims": _BLOCKED}
 # reference device -> its preset (eagerdecomp.device.refdev.REFERENCE_DEVICES)
 _DEVICE_PRESET = {"edref": "core_aten", "edprims": "prims_fusion"}
 

@@ -8,6 +8,8 @@ real ones: FFT(a + ib) = FFT(a) + i FFT(b), each a full (two-sided) ``_fft_r2c``
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
@@ -55,3 +57,44 @@ def fft_c2c(self, dim, normalization, forward):
     im = aten._fft_r2c.default(_imag(self), dims, normalization, False)
     out = aten.add.Tensor(re, aten.mul.Tensor(im, 1j))
     return out if forward else _reverse_frequencies(out, dims)
+
+
+# -- prims opsets: the transforms as FFT prims -----------------------------------------------------
+
+
+def _scale(x, normalization, n):
+    """``x`` scaled as ``normalization`` asks (0: none, 1: by 1/sqrt(n), 2: by 1/n).
+
+    NOTE: the FFT prims transform unnormalized (their ATen form passes normalization 0); eager
+    scales inside its transform (MKL's scale setting, pocketfft's factor on the first pass), so
+    values agree with eager's to FFT rounding, not bit for bit, as the c2c decomposition above."""
+    if normalization == 0 or n == 1:
+        return x
+    return aten.mul.Tensor(x, 1.0 / (math.sqrt(n) if normalization == 1 else n))
+
+
+# NOTE: the FFT prims' meta says a contiguous result, but their ATen form (the kernel the mode
+# and edprims run) returns eager's layout, which for a transform over a leading dim is not
+# contiguous ([5, 6, 7] over dim 0: strides (1, 35, 5)). A kernel traced over the meta then read
+# the result through the meta's strides (the inverse's flip is an as_strided): wrong values on
+# replay. The contiguous clone makes the result what the meta promised on any backend; the
+# runtime gives the caller eager's layout afterwards, as for every op.
+def _as_promised(y):
+    return aten.clone.default(y, memory_format=torch.contiguous_format)
+
+
+def fft_r2c(self, dim, normalization, onesided):
+    n = math.prod(self.shape[d] for d in dim)
+    y = torch.ops.prims.fft_r2c.default(self, dim=dim, onesided=onesided)
+    return _scale(_as_promised(y), normalization, n)
+
+
+def fft_c2r(self, dim, normalization, last_dim_size):
+    n = math.prod(self.shape[d] for d in dim[:-1]) * last_dim_size
+    y = torch.ops.prims.fft_c2r.default(self, dim=dim, last_dim_size=last_dim_size)
+    return _scale(_as_promised(y), normalization, n)
+
+
+# Core ATen keeps the two real transforms (and ``_fft_c2c`` lowers to them above); a prims opset
+# reaches them through these (``table.default_table`` adds the entries for prims opsets only).
+PRIMS_FFT = {aten._fft_r2c.default: fft_r2c, aten._fft_c2r.default: fft_c2r}

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import torch
 from torch._ops import OpOverload
 
+from eagerdecomp.decompositions.fft import PRIMS_FFT
 from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
@@ -195,6 +196,7 @@ def default_table(opset: OpSet, extra: Iterable = ()) -> Table:
     else:
         table.update(_prims_variants(table, opset))
         table.update(PRIMS_TABLE)  # refs that answer otherwise than eager (prims_refs.py)
+        table.update(PRIMS_FFT)  # core ATen's real FFTs as FFT prims (fft.py)
     table.update(PROJECT)
     table.update(USER)
     table.update(extra)

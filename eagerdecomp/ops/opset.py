@@ -105,6 +105,11 @@ PRIMS_LIBRARY_OPS = {
     aten.topk.default: "top-k (MoE routers, sampling): a selection kernel",
     aten.argmax.default: "position of the maximum (greedy decoding, accuracy); prims reduces values only",
     aten.max.dim: "max with its position (max pooling over a dim, routers); prims reduces values only",
+    # NOTE: nonzero's output size is read from the values (x[mask], torch.where(cond)); prims'
+    # shapes are all known before a kernel runs, so a composition must leave the device for
+    # the count (.item()) and scatter the positions after it: two passes and a sync where a
+    # backend's compaction kernel makes one (Inductor keeps nonzero as a fallback too).
+    aten.nonzero.default: "positions of nonzero elements (boolean-mask indexing): a size read from the values",
     # random numbers: prims draws have no eager stream; these draw eager's numbers
     aten.rand.default: "uniform draws (dropout, nn.init): the device's generator, eager's stream",
     aten.bernoulli_.float: "bernoulli draws in place (dropout masks): the device's generator",

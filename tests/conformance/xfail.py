@@ -242,7 +242,7 @@ def preset_entries(opset: str) -> list:
 
 
 # Under a preset other than core ATen the chain stops at other ops (the preset lacks ops core
-# ATen keeps, the FFTs among them): its table is by blocking op, each with why it has no path.
+# ATen keeps, pairwise distances among them): its table is by blocking op, each with why it has no path.
 # Core ATen's blockers block there too (no decomposition at all, or one that declines).
 KEPT_BY_CORE = (
     "a core ATen op (a backend's library call) with no decomposition to prims, and not among prims_fusion's library ops"
@@ -253,13 +253,6 @@ PRIMS_FUSION_BLOCKERS = {
     "aten.histogram.bin_ct_out": HISTOGRAM_OUT,
     "aten.linalg_matrix_exp.default": "matrix_exp at bfloat16: eager's kernel returns NaN and inf for ordinary inputs; matfuncs.py declines 16-bit floats",
     "aten.linalg_pinv.atol_rtol_tensor": "pinv of a matrix with singular values at rounding level: declined near eager's cutoff (lstsq.py)",
-    "aten._fft_r2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
-    "aten._fft_c2r.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
-    "aten._fft_c2c.default": f"a discrete Fourier transform (every torch.fft function): {KEPT_BY_CORE}",
-    "aten.nonzero.default": (
-        "nonzero (argwhere, nonzero_static, and kthvalue's path): an output shape that depends on the values, "
-        f"which no prims op has; {KEPT_BY_CORE}"
-    ),
     "aten._adaptive_avg_pool2d_backward.default": (
         "adaptive average pooling's gradient at an empty input: pooling.py's decomposition (the preset's path; "
         "core ATen keeps the op) declines 0-size shapes"

@@ -1,5 +1,5 @@
-"""Core ATen ops that had no path to ``prims_fusion`` (decompositions/prims_misc.py), and randperm,
-a library op of the preset (ops/opset.py).
+"""Core ATen ops that had no path to ``prims_fusion`` (decompositions/prims_misc.py), and randperm
+and nonzero, library ops of the preset (ops/opset.py).
 
 Every call is compared with native eager under ``EagerDecompMode("prims_fusion")`` (values,
 dtype, shape, strides), the witness checking that only the preset's ops reached the kernels;
@@ -45,6 +45,29 @@ RANDPERM = {
 @pytest.mark.parametrize("name", list(RANDPERM))
 def test_randperm_is_eagers_stream(name):
     check_against_eager(_seeded(RANDPERM[name]), opset=PRESET)
+
+
+M = torch.randn(4, 5, 6)
+MASKED = {
+    "bool-index": lambda: M[M > 0],
+    "bool-index-rows": lambda: M[M[:, 0, 0] > 0],
+    "bool-index-put": lambda: M.clone().index_put_((M < 0,), torch.tensor(0.0)),
+    "where-one-arg": lambda: torch.where(M > 0.5),
+    "masked-select": lambda: torch.masked_select(M, M.sum(-1, keepdim=True) > 0),
+    "nonzero-strided": lambda: torch.nonzero(M.transpose(0, 2) > 0),
+    "nonzero-empty": lambda: torch.nonzero(torch.zeros(3, 0)),
+    "nonzero-out": lambda: torch.nonzero(M > 1, out=torch.empty(0, dtype=torch.long)),
+    "nonzero-gradient": lambda: _masked_grad(M.clone().requires_grad_()),
+}
+
+
+def _masked_grad(x):
+    return torch.autograd.grad(x[x > 0].exp().sum(), x)[0]
+
+
+@pytest.mark.parametrize("name", list(MASKED))
+def test_boolean_mask_indexing_like_eager(name):
+    check_against_eager(MASKED[name], opset=PRESET)
 
 
 POOLS = {
@@ -293,6 +316,9 @@ def test_on_edprims_like_cpu():
             "cdist": lambda d: torch.cdist(a.to(d), b.to(d), p=1.5),
             "embedding_bag-max": lambda d: F.embedding_bag(idx.to(d), w.to(d), off.to(d), mode="max"),
             "embedding_bag-mean": lambda d: F.embedding_bag(idx.to(d), w.to(d), off.to(d), mode="mean"),
+            "nonzero": lambda d: torch.nonzero(a.to(d) > 0),
+            "bool-index": lambda d: x5.to(d)[x5.to(d) > 1],
+            "rfft-irfft": lambda d: torch.fft.irfft(torch.fft.rfft(x5.to(d), norm="ortho"), n=7),
         }
         res = {"diff": {}}
         with refdev.op_log() as ran:
@@ -307,7 +333,8 @@ def test_on_edprims_like_cpu():
     )
     assert set(out["ran"]) <= set(out["kernels"]), sorted(set(out["ran"]) - set(out["kernels"]))
     for name, diff in out["diff"].items():
-        assert diff is not None and diff <= (0 if name.startswith(("randperm", "embedding_bag-max")) else 1e-5), name
+        exact = name.startswith(("randperm", "embedding_bag-max", "nonzero", "bool"))
+        assert diff is not None and diff <= (0 if exact else 1e-5), name
 
 
 def test_cdist_half_on_the_mm_path_like_eager():
