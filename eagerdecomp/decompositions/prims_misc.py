@@ -1,6 +1,7 @@
 """Core ATen ops with no path to the ``prims_fusion`` preset: 3-D average pooling (plain and
-adaptive), pairwise distances (``_cdist_forward``), ``_embedding_bag``, and the minimum's
-position (``min.dim``, ``argmin``: through ``max.dim`` and ``argmax`` of an order-reversed input).
+adaptive), pairwise distances (``_cdist_forward``), ``_embedding_bag``, the minimum's
+position (``min.dim``, ``argmin``: through ``max.dim`` and ``argmax`` of an order-reversed input)
+and the functional ``copy``.
 
 Core ATen keeps all of them, so these entries change nothing there (an opset's own ops leave
 the table); a prims opset reaches its library ops (``index``, ``mm``/``bmm``, ``index_put``,
@@ -428,3 +429,32 @@ def min_dim(self, dim, keepdim=False):
 def argmin(self, dim=None, keepdim=False):
     _min_checks("argmin", self, dim)
     return aten.argmax.default(_reversed(self), dim, keepdim)
+
+
+# -- the functional copy ---------------------------------------------------------------------------
+
+
+def _overlaps(t) -> bool:
+    """Whether two positions of ``t`` may share memory: its dims of size > 1 by stride, each
+    stride must reach past the extent of the smaller ones (conservative: a layout that fails
+    this may still not overlap, and is declined all the same)."""
+    extent = 1
+    for stride, size in sorted((abs(s), n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if stride < extent:
+            return True
+        extent = stride * size
+    return False
+
+
+# NOTE: ``copy`` is ``copy_``'s functional form (what ``fill_.Tensor`` and functionalized graphs
+# lower to): a tensor laid out as ``self`` holding ``src`` broadcast and converted to ``self``'s
+# dtype and device. An overlapping ``self`` (expanded) is declined: eager clones it with its
+# strides and writes through them, so which element wins depends on the write order.
+@project_decomposition(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    if _overlaps(self):
+        return NotImplemented
+    if src.dtype != self.dtype or src.device != self.device:
+        src = aten._to_copy.default(src, dtype=self.dtype, device=self.device)
+    out = aten.expand.default(src, self.shape)
+    return aten.clone.default(out, memory_format=torch.contiguous_format)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch._prims_common as utils
 import torch._refs as refs
-from torch._prims_common import suggest_memory_format
 
 __all__ = ["PRIMS_TABLE", "eager_fill_value"]
 
@@ -99,7 +99,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     # NOTE: eager's CPU kernel refuses an input that is not contiguous in its own memory format
     # (a column-major or strided one; channels-last is fine); the ref computes any layout, so the
     # mode answered where eager raises (test_layouts.py under prims_fusion)
-    if not input.is_contiguous(memory_format=suggest_memory_format(input)):
+    if not input.is_contiguous(memory_format=utils.suggest_memory_format(input)):
         raise RuntimeError(
             "Expected X.is_contiguous(memory_format) to be true, but got false.  (Could this error message be "
             "improved?  If so, please report an enhancement request to PyTorch.)"
@@ -107,7 +107,59 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     return refs.native_group_norm(input, weight, bias, N, C, HxW, group, eps)
 
 
+# -- views by shape: ATen's rule for when one exists --------------------------------------------------
+
+
+def view_strides(shape, stride, new_shape):
+    """The strides of a view of ``(shape, stride)`` as ``new_shape`` (same numel), or None where no
+    view exists: ATen's rule (``computeStride``), chunk by chunk of dims whose strides chain.
+
+    NOTE: the refs decide with ``prims._collapse_view_helper``, which passes a pair of dims when
+    either is 1, so a size-1 dim between two dims whose strides do not chain ([2, 1, 3] strides
+    (5, 3, 1), a slice of a clone of an expanded tensor: ``repeat``'s own ref makes one) passed
+    for a view; ``collapse_view``'s ATen form then raised where eager's ``reshape`` copies."""
+    if math.prod(shape) == 0:
+        return list(stride) if list(shape) == list(new_shape) else list(utils.make_contiguous_strides_for(new_shape))
+    shape, stride = (list(shape), list(stride)) if shape else ([1], [1])
+    new_stride = [0] * len(new_shape)
+    view_d, base = len(new_shape) - 1, stride[-1]
+    numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and stride[d - 1] != numel * base):
+            while view_d >= 0 and (view_numel < numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != numel:
+                return None
+            if d > 0:
+                base, numel, view_numel = stride[d - 1], 1, 1
+    return new_stride if view_d == -1 else None
+
+
+def view(a, size):
+    new_shape = utils.infer_size(size, a.numel())
+    new_stride = view_strides(a.shape, a.stride(), new_shape)
+    if new_stride is None:
+        raise RuntimeError(
+            "view size is not compatible with input tensor's size and stride (at least one dimension spans "
+            "across two contiguous subspaces). Use .reshape(...) instead."
+        )
+    return refs.as_strided(a, new_shape, new_stride, a.storage_offset())
+
+
+def reshape(a, shape):
+    new_shape = utils.infer_size(shape, a.numel())
+    if view_strides(a.shape, a.stride(), new_shape) is None:  # eager copies, contiguous, then views
+        a = refs.clone(a, memory_format=torch.contiguous_format)
+    return view(a, new_shape)
+
+
 PRIMS_TABLE = {
+    aten.view.default: view,
+    aten._unsafe_view.default: view,
+    aten.reshape.default: reshape,
     aten.native_group_norm.default: native_group_norm,
     aten.as_strided.default: as_strided,
     aten.fill.Scalar: fill,

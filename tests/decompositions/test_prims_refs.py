@@ -184,3 +184,106 @@ def test_native_group_norm_layouts_like_eager(preset):
     cl = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last)
     check_against_eager(group_norm, cl, opset=preset, exact=False)
     check_against_eager(group_norm, torch.randn(2, 4, 3, 3), opset=preset, exact=False)
+
+
+# -- views by shape (prims_refs.view_strides: ATen's rule, where the refs' helper passed a size-1 dim) --
+
+
+def _layouts(seed, n=300):
+    """Random (shape, strides, offset) over a 64-element buffer, sizes 0-3 and 1s in between;
+    strides permuted, gapped, 0 (expanded) and overlapping."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        nd = int(torch.randint(0, 5, (1,), generator=g))
+        shape = [int(s) for s in torch.randint(0, 4, (nd,), generator=g)]
+        stride = [int(s) for s in torch.randint(0, 13, (nd,), generator=g)]
+        yield shape, stride
+
+
+def _factorings(numel):
+    yield [numel]
+    yield [-1, 1]
+    for a in (2, 3, 4, 6):
+        if numel % a == 0:
+            yield [a, numel // a]
+            yield [1, a, 1, numel // a]
+
+
+def test_view_strides_is_eagers_rule():
+    from eagerdecomp.decompositions.prims_refs import view_strides
+
+    buf = torch.arange(256.0)
+    checked = 0
+    for shape, stride in _layouts(0):
+        if shape and max((s - 1) * t for s, t in zip(shape, stride)) >= 200:
+            continue
+        x = buf.as_strided(shape, stride)
+        for new in _factorings(x.numel()):
+            new = list(torch.empty(0).new_empty(x.numel()).view(new).shape)
+            try:
+                want = x.view(new).stride()
+            except RuntimeError:
+                want = None
+            got = view_strides(x.shape, x.stride(), new)
+            assert (None if got is None else tuple(got)) == want, (shape, stride, new)
+            checked += 1
+    assert checked > 500
+
+
+_G = torch.Generator().manual_seed(11)
+T25, T2345, T2344, T31 = (torch.randn(*s, generator=_G) for s in ((2, 5), (2, 3, 4, 5), (2, 3, 4, 4), (3, 1)))
+RESHAPES = {
+    # a size-1 dim between two dims whose strides do not chain: no view exists, eager copies
+    "size-1-between": lambda: T25[:, :3].unsqueeze(1).reshape(6),
+    "repeat-transposed": lambda: T2345.transpose(1, 2).repeat(1, 2, 1, 1),
+    "view-channels-last": lambda: T2344.to(memory_format=torch.channels_last).view(2, 3, 16),
+    "view-expanded": lambda: T31.expand(3, 4).view(3, 2, 2),
+    "reshape-expanded": lambda: T31.expand(3, 4).reshape(12),
+    "view-empty": lambda: torch.zeros(0, 3).view(3, 0),
+    "view-0d": lambda: T31[:1][0].view([]),
+}
+
+
+@pytest.mark.parametrize("tier", ["direct", "traced"])
+@pytest.mark.parametrize("name", list(RESHAPES))
+def test_views_and_reshapes_like_eager(name, tier, monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2" if tier == "direct" else "0")
+    check_against_eager(RESHAPES[name], opset="prims_fusion")
+
+
+def test_view_eager_refuses_raises_eagers_error():
+    x = T25[:, :3].unsqueeze(1)
+    assert_raises_like_eager(lambda: x.view(6), opset="prims_fusion", message=True)
+
+
+def test_repeat_at_lengths_that_change_like_eager(monkeypatch):
+    # a shape-generic kernel (lengths that change every call, as generate()'s): the rule on
+    # symbolic sizes, with its guards (JetMoe's key/value heads crashed on replay)
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "0")
+
+    def heads():
+        return [T2345[:1, :2, : n % 5 + 1].transpose(1, 2).transpose(1, 2).repeat(1, 3, 1, 1) for n in range(3, 12)]
+
+    check_against_eager(heads, opset="prims_fusion")
+
+
+COPIES = {
+    "fill-tensor": lambda: T2345[0, 0].clone().t().fill_(torch.tensor(2.5)),
+    "fill-tensor-int-from-float": lambda: torch.zeros(3, dtype=torch.int32).fill_(torch.tensor(-2.7)),
+    "copy-broadcast-cast": lambda: aten.copy.default(
+        T2344[0, 0, :, :3].clone().t(), torch.arange(4.0).view(1, 4).double()
+    ),
+    "copy-gapped": lambda: aten.copy.default(T2345[0, :, :, :4].clone()[:, :, ::2], T31.view(3)[:2]),
+}
+
+
+@pytest.mark.parametrize("name", list(COPIES))
+def test_functional_copy_like_eager(name):
+    check_against_eager(COPIES[name], opset="prims_fusion")
+
+
+def test_functional_copy_into_an_overlapping_self_is_declined():
+    import eagerdecomp as ed
+
+    with pytest.raises(ed.UnsupportedOpError, match="aten.copy.default"), ed.EagerDecompMode("prims_fusion"):
+        aten.copy.default(T31.expand(3, 4), torch.randn(4))
