@@ -1,4 +1,5 @@
-"""grid_sampler_3d and the 2-d and 3-d backwards (spatial transformers, deformable sampling, flow warps).
+"""grid_sampler_3d and the 2-d and 3-d backwards (spatial transformers, deformable sampling, flow warps),
+and eager's checks of grid_sampler_2d.
 
 NOTE: PyTorch decomposes grid_sampler_2d but not the 3-d sampler or the backwards. Each
 output location maps its grid point to input coordinates as the forward does: unnormalized by
@@ -20,6 +21,7 @@ import itertools
 import torch
 
 from eagerdecomp.decompositions.registry import project_decomposition
+from eagerdecomp.ops.checks import checks_for
 
 aten = torch.ops.aten
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
@@ -166,3 +168,33 @@ def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding
 
 project_decomposition(aten.grid_sampler_2d_backward.default)(_grid_sampler_backward)
 project_decomposition(aten.grid_sampler_3d_backward.default)(_grid_sampler_backward)
+
+
+# NOTE: torch's grid_sampler_2d decomposition (the preset's path; core ATen keeps the op) unpacks
+# a 4-d input unchecked, so a 5-d one raised ValueError, and it has no meta kernel of its own to
+# refuse first: eager's two checks, in its order and words (sizes printed as ATen prints them).
+@checks_for(aten.grid_sampler_2d)
+def _grid_sampler_2d_checks(input, grid, *args, **kwargs):
+    if input.device != grid.device:
+        raise RuntimeError(
+            "grid_sampler(): expected input and grid to be on same device, but input is on "
+            f"{input.device} and grid is on {grid.device}"
+        )
+    sizes = f"input with sizes {list(input.shape)} and grid with sizes {list(grid.shape)}"
+    if input.shape[0] != grid.shape[0]:
+        raise RuntimeError(f"grid_sampler(): expected grid and input to have same batch size, but got {sizes}")
+    if grid.shape[-1] != input.dim() - 2:
+        raise RuntimeError(
+            f"grid_sampler(): expected grid to have size {input.dim() - 2} in last dimension, "
+            f"but got grid with sizes {list(grid.shape)}"
+        )
+    for i in range(2, input.dim()):
+        if input.shape[i] <= 0:
+            raise RuntimeError(
+                "grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes "
+                f"{list(input.shape)} with dimension {i} being empty"
+            )
+    if input.dim() != 4 or grid.dim() != 4:
+        raise RuntimeError(
+            f"grid_sampler(): expected 4D input and grid with same number of dimensions, but got {sizes}"
+        )

@@ -1,5 +1,5 @@
 """Core ATen ops with no path to the ``prims_fusion`` preset: 3-D average pooling (plain and
-adaptive), pairwise distances (``_cdist_forward``), ``_embedding_bag``, the minimum's
+adaptive), pairwise distances (``_cdist_forward``, ``_pdist_forward``), ``_embedding_bag``, the minimum's
 position (``min.dim``, ``argmin``: through ``max.dim`` and ``argmax`` of an order-reversed input)
 and the functional ``copy``.
 
@@ -206,6 +206,25 @@ def cdist_forward(x1, x2, p, compute_mode=None):
     if x1.dtype not in (torch.float32, torch.float64):
         raise NotImplementedError(f"\"cdist\" not implemented for '{scalar_type_name(x1.dtype)}'")
     return aten.clone.default(_pairwise(x1, x2, float(p)), memory_format=torch.contiguous_format)
+
+
+# NOTE: pdist is the rows' distance table read above the diagonal in row-major order, as eager
+# lists the pairs: the table costs twice the pairs' work, and each distance is the CPU kernel's
+# own formula (_pairwise), so values agree to the order of the sums. pdist() has made the
+# input contiguous and checked its rank, dtype and p before it calls this op.
+@project_decomposition(aten._pdist_forward.default)
+def pdist_forward(self, p=2.0):
+    if not self.is_contiguous():
+        raise RuntimeError("_pdist_forward requires contiguous input")
+    if self.dim() != 2 or self.dtype not in (torch.float32, torch.float64) or p < 0:
+        return NotImplemented
+    n, c = self.shape
+    pairs = n * (n - 1) // 2
+    if pairs == 0 or c == 0:
+        return aten.full.default([pairs], 0, dtype=self.dtype, device=self.device)
+    upper = aten.triu_indices.default(n, n, 1, dtype=torch.int64, device=self.device)
+    at = aten.add.Tensor(aten.mul.Tensor(aten.select.int(upper, 0, 0), n), aten.select.int(upper, 0, 1))
+    return aten.index_select.default(aten.view.default(_pairwise(self, self, float(p)), [-1]), 0, at)
 
 
 # -- EmbeddingBag --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from eagerdecomp.decompositions.fft import PRIMS_FFT
 from eagerdecomp.decompositions.prims_refs import PRIMS_TABLE
 from eagerdecomp.decompositions.registry import PROJECT, USER, Table
 from eagerdecomp.ops.opset import OpSet
+from eagerdecomp.ops.overlap import expanded_writer
 from eagerdecomp.ops.schema import is_out, overloads
 from eagerdecomp.ops.variants import foreach_table, rule_target, variant_table
 
@@ -152,6 +153,9 @@ def _prims_variants(table: Table, opset: OpSet) -> Table:
     # does; and so do those whose functional op has our own (or the user's) decomposition: a ref's
     # in-place form calls its functional ref directly, past it (geometric_ drew rand_like of an
     # int64 self, which has no uniform kernel).
+    # NOTE: the refs' masked_fill_ and index_fill_ copy_ their result into self, which eager's
+    # copy_ refuses where self overlaps itself (expanded); eager's own kernels warn and write,
+    # as our rule does (ops/overlap.py: the ops eager lets write an expanded self).
     # NOTE: our random decompositions draw eager's stream from aten.rand and its kin: an opset
     # without aten.rand (plain prims) keeps the refs' prims draws for the random ones.
     ours = PROJECT.keys() | USER.keys()
@@ -162,7 +166,7 @@ def _prims_variants(table: Table, opset: OpSet) -> Table:
             return True
         if torch.Tag.nondeterministic_seeded in op.tags and not eager_draws:
             return False
-        return _unchecked_inplace(table[op]) or rule_target(fn) in ours
+        return _unchecked_inplace(table[op]) or rule_target(fn) in ours or expanded_writer(op)
 
     return {op: fn for op, fn in _derived(variant_table).items() if ours_first(op, fn)}
 

@@ -29,7 +29,16 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from eagerdecomp.ops.attribution import warn_as_eager
 
-__all__ = ["guard", "check", "rules_for", "tensors", "writes_expanded", "write_expanded", "storage_positions"]
+__all__ = [
+    "guard",
+    "check",
+    "rules_for",
+    "tensors",
+    "writes_expanded",
+    "write_expanded",
+    "expanded_writer",
+    "storage_positions",
+]
 
 aten = torch.ops.aten
 
@@ -178,32 +187,42 @@ def guard(op, functional, dests, inputs) -> None:
 
 
 # NOTE: measured as the table above (torch 2.13, CPU): the in-place ops eager lets write a
-# tensor that overlaps itself (``torch.rand(1).expand(4).fill_(0)``); True where eager warns,
-# on every call, that this is deprecated. Every other in-place op refuses such a tensor.
+# tensor that overlaps itself (``torch.rand(1).expand(4).fill_(0)``), with the example eager's
+# warning ends with where eager warns, on every call, that this is deprecated (None: silent).
+# Every other in-place op refuses such a tensor.
 _EXPANDED_WRITES = {
-    "fill_.Scalar": False,
-    "zero_.default": False,
-    "threshold_.default": False,
-    "masked_fill_.Scalar": True,
-    "masked_fill_.Tensor": True,
-    "index_fill_.int_Scalar": True,
-    "index_fill_.int_Tensor": True,
-    "index_put_.default": True,
+    "fill_.Scalar": None,
+    "zero_.default": None,
+    "threshold_.default": None,
+    "masked_fill_.Scalar": "tensor[mask] = scalar",
+    "masked_fill_.Tensor": "tensor[mask] = scalar",
+    "index_fill_.int_Scalar": "tensor[mask] = scalar",
+    "index_fill_.int_Tensor": "tensor[mask] = scalar",
+    "index_put_.default": "tensor[indices] = tensor",
 }
 EXPANDED_WARNING = (
     "Use of {} on expanded tensors is deprecated. Please clone() the tensor before performing this operation. "
-    "This also applies to advanced indexing e.g. tensor[indices] = tensor"
+    "This also applies to advanced indexing e.g. {}"
 )
+
+
+def _name(op) -> str:
+    return f"{op._schema.name.split('::')[-1]}.{op._overloadname}"
+
+
+def expanded_writer(op) -> bool:
+    """Whether eager lets ``op`` write a tensor that overlaps itself (warning or not)."""
+    return _name(op) in _EXPANDED_WRITES
 
 
 def writes_expanded(op, dest) -> bool:
     """True when ``op`` writes ``dest``, a tensor that overlaps itself, and eager allows it
     (warning first where eager warns)."""
-    name = f"{op._schema.name.split('::')[-1]}.{op._overloadname}"
+    name = _name(op)
     if name not in _EXPANDED_WRITES or not _internal(dest):
         return False
     if _EXPANDED_WRITES[name]:
-        warn_as_eager(EXPANDED_WARNING.format(name.split(".")[0]))
+        warn_as_eager(EXPANDED_WARNING.format(name.split(".")[0], _EXPANDED_WRITES[name]))
     return True
 
 

@@ -242,11 +242,8 @@ def preset_entries(opset: str) -> list:
 
 
 # Under a preset other than core ATen the chain stops at other ops (the preset lacks ops core
-# ATen keeps, pairwise distances among them): its table is by blocking op, each with why it has no path.
+# ATen keeps): its table is by blocking op, each with why it has no path.
 # Core ATen's blockers block there too (no decomposition at all, or one that declines).
-KEPT_BY_CORE = (
-    "a core ATen op (a backend's library call) with no decomposition to prims, and not among prims_fusion's library ops"
-)
 PRIMS_FUSION_BLOCKERS = {
     **BLOCKERS,
     "aten.histogram.bins_tensor_out": HISTOGRAM_OUT,
@@ -257,6 +254,5 @@ PRIMS_FUSION_BLOCKERS = {
         "adaptive average pooling's gradient at an empty input: pooling.py's decomposition (the preset's path; "
         "core ATen keeps the op) declines 0-size shapes"
     ),
-    "aten._pdist_forward.default": f"pairwise distances within a set: {KEPT_BY_CORE}",
 }
 PRESET_BLOCKERS: dict = {"prims_fusion": PRIMS_FUSION_BLOCKERS}

@@ -78,3 +78,23 @@ def test_3d_forward_and_backward_match_the_kernels(interpolation, padding, align
     for w, o in zip((want, *want_back), (got, *got_back)):
         assert (o.dtype, o.shape, o.stride()) == (w.dtype, w.shape, w.stride())
         torch.testing.assert_close(o, w)
+
+
+_GS = torch.Generator().manual_seed(5)
+GRID_2D_REFUSALS = {
+    "5d-input": (torch.randn(1, 1, 2, 3, 3, generator=_GS), torch.randn(1, 2, 3, 3, 2, generator=_GS)),
+    "5d-grid": (torch.randn(1, 1, 3, 3, generator=_GS), torch.randn(1, 3, 3, 2, 1, generator=_GS)),
+    "3d-both": (torch.randn(1, 1, 3, generator=_GS), torch.randn(1, 3, 1, generator=_GS)),
+    "batch": (torch.randn(2, 1, 3, 3, generator=_GS), torch.randn(1, 3, 3, 2, generator=_GS)),
+    "empty-spatial": (torch.randn(1, 1, 0, 3, generator=_GS), torch.randn(1, 3, 3, 2, generator=_GS)),
+}
+
+
+@pytest.mark.parametrize("name", list(GRID_2D_REFUSALS))
+def test_grid_sampler_2d_refusals_in_eagers_words_under_the_preset(name):
+    # torch's decomposition (the preset's path) unpacked a 4-d input unchecked: ValueError on a
+    # 5-d one, where eager raises RuntimeError (the device suites on edprims found it)
+    from tests.compare import assert_raises_like_eager
+
+    x, g = GRID_2D_REFUSALS[name]
+    assert_raises_like_eager(torch.grid_sampler_2d, x, g, 0, 0, False, opset="prims_fusion", message=True)

@@ -191,6 +191,42 @@ def test_cdist_errors_like_eager(fn):
     assert_raises_like_eager(fn, opset=PRESET)
 
 
+PDIST = {
+    "p2": lambda: F.pdist(D),
+    "p0": lambda: F.pdist(A, 0),
+    "p1-float64": lambda: F.pdist(D.double(), 1),
+    "p1.5": lambda: F.pdist(A, 1.5),
+    "pinf": lambda: F.pdist(B, float("inf")),
+    "transposed-input": lambda: F.pdist(A.t()),  # (pdist makes it contiguous first)
+    "one-row": lambda: F.pdist(A[:1]),
+    "no-rows": lambda: F.pdist(A[:0]),
+    "no-columns": lambda: F.pdist(A[:, :0]),
+}
+
+
+@pytest.mark.parametrize("name", list(PDIST))
+def test_pdist_like_eager(name):
+    check_against_eager(PDIST[name], opset=PRESET, exact=False)
+
+
+def test_pdist_gradient_like_eager():
+    def step():
+        x = D.double().clone().requires_grad_()
+        F.pdist(x, 3).sum().backward()
+        return x.grad
+
+    check_against_eager(step, opset=PRESET, exact=False)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda: aten._pdist_forward.default(A.t(), 2.0), lambda: F.pdist(A, -1), lambda: F.pdist(C)],
+    ids=["non-contiguous", "negative-p", "3d"],
+)
+def test_pdist_errors_like_eager(fn):
+    assert_raises_like_eager(fn, opset=PRESET, message=True)
+
+
 # NaN first in a bag (it stays) and later (never taken), ties, empty bags, an all-padding bag
 W = torch.tensor([[1.0, 5.0], [float("nan"), 2.0], [3.0, 5.0], [float("nan"), 9.0], [0.0, 0.0]])
 IDX = torch.tensor([0, 1, 2, 3, 2, 0, 4, 4, 1, 0])
@@ -281,6 +317,7 @@ def test_core_aten_keeps_these_ops():
         aten.avg_pool3d.default,
         aten._adaptive_avg_pool3d.default,
         aten._cdist_forward.default,
+        aten._pdist_forward.default,
         aten._embedding_bag.default,
         aten.min.dim,
         aten.argmin.default,
@@ -319,6 +356,7 @@ def test_on_edprims_like_cpu():
             "nonzero": lambda d: torch.nonzero(a.to(d) > 0),
             "bool-index": lambda d: x5.to(d)[x5.to(d) > 1],
             "rfft-irfft": lambda d: torch.fft.irfft(torch.fft.rfft(x5.to(d), norm="ortho"), n=7),
+            "pdist": lambda d: F.pdist(b.to(d), 1.5),
         }
         res = {"diff": {}}
         with refdev.op_log() as ran:

@@ -54,22 +54,7 @@ _BY_DEVICE: dict[str, dict[str, str]] = {
     "edref": {},
     # NOTE: from the runs on edprims (docs/device-guide.md); the dtype copies of a listed test are
     # listed with it
-    "edprims": {
-        "no path: _pdist_forward has no decomposition to the prims_fusion preset (core ATen keeps it)": """
-            test_torch.py::TestTorchDeviceType::test_pdist_empty_DEVICE
-        """,
-        "open, not a wrong value: on an expanded (self-overlapping) self, masked_fill_ and index_fill_ "
-        "lower through index_put_ under the preset: masked_fill_ raises the overlap error where eager "
-        "warns that writing expanded tensors is deprecated and writes, index_fill_ warns in index_put_'s "
-        "words": """
-            test_torch.py::TestTorchDeviceType::test_masked_fill_mem_overlap_DEVICE
-            test_torch.py::TestTorchDeviceType::test_index_fill_mem_overlap_DEVICE
-        """,
-        "open, not a wrong value: grid_sampler_2d given a 5-d input unpacks its shape in the prims "
-        "lowering (ValueError) before eager's batch-size check (RuntimeError)": """
-            test_torch.py::TestTorchDeviceType::test_invalid_shapes_grid_sampler_DEVICE
-        """,
-    },
+    "edprims": {},
 }
 
 
