@@ -259,5 +259,8 @@ def test_device_hits_are_served_without_the_gil():
     out = _python(NO_GIL)
     n, (cold_calls, _, cold_after), (warm_calls, warm_hits, warm_after) = out["N"], out["cold"], out["warm"]
     assert cold_after == n and warm_after == n, out  # every backward finished once released
-    assert cold_calls <= 1, out  # the hold starves a path that needs the GIL (the control)
+    # the control: the hold starves a path that needs the GIL. NOTE: not to zero: each poll
+    # (a report() call) can let the GIL go for a moment, and under a loaded machine a second miss
+    # got through once; a tenth of the N hits below is still no path that runs without the GIL
+    assert cold_calls < n // 10, out
     assert warm_calls == warm_hits == n, out  # and not C++ hits
