@@ -146,7 +146,7 @@ def view(a, size):
             "view size is not compatible with input tensor's size and stride (at least one dimension spans "
             "across two contiguous subspaces). Use .reshape(...) instead."
         )
-    return refs.as_strided(a, new_shape, new_stride, a.storage_offset())
+    return as_strided(a, new_shape, new_stride, a.storage_offset())  # (below: a 0-d view too)
 
 
 def reshape(a, shape):

@@ -241,6 +241,15 @@ RESHAPES = {
     "reshape-expanded": lambda: T31.expand(3, 4).reshape(12),
     "view-empty": lambda: torch.zeros(0, 3).view(3, 0),
     "view-0d": lambda: T31[:1][0].view([]),
+    "reshape-0d": lambda: T31[0].reshape([]),
+    # (a 0-d view: prims.as_strided's meta refused an empty size; the MarginLoss device test)
+    "multilabel-margin-backward-empty": lambda: aten.multilabel_margin_loss_backward.default(
+        torch.tensor(1.0),
+        T31[:0].expand(0, 4),
+        torch.ones(0, 4, dtype=torch.long),
+        1,
+        torch.ones(0, 4, dtype=torch.bool),
+    ),
 }
 
 
