@@ -467,11 +467,13 @@ def _overlaps(t) -> bool:
 
 # NOTE: ``copy`` is ``copy_``'s functional form (what ``fill_.Tensor`` and functionalized graphs
 # lower to): a tensor laid out as ``self`` holding ``src`` broadcast and converted to ``self``'s
-# dtype and device. An overlapping ``self`` (expanded) is declined: eager clones it with its
-# strides and writes through them, so which element wins depends on the write order.
+# dtype and device. An expanded ``self`` (a 0 stride) eager clones contiguous first, which this
+# is; one that overlaps otherwise is declined: eager clones it with its strides and writes
+# through them, so which element wins depends on the write order.
 @project_decomposition(aten.copy.default)
 def copy(self, src, non_blocking=False):
-    if _overlaps(self):
+    expanded = any(st == 0 and n > 1 for n, st in zip(self.shape, self.stride()))
+    if _overlaps(self) and not expanded:
         return NotImplemented
     if src.dtype != self.dtype or src.device != self.device:
         src = aten._to_copy.default(src, dtype=self.dtype, device=self.device)

@@ -5,7 +5,8 @@ An aten-based opset never meets these refs (core ATen keeps ``fill``, ``full_lik
 :func:`eagerdecomp.decompositions.table.default_table` puts :data:`PRIMS_TABLE` above the refs
 for such opsets only. Each entry converts an argument as eager's C++ does (a fill value, a
 ``None`` layout or memory format) or steps around a prim's meta (a 0-d ``as_strided``) or checks what eager's kernel
-refuses (a non-contiguous ``native_group_norm`` input), then calls the ref.
+refuses (a non-contiguous ``native_group_norm`` input), then calls the ref; views and reshapes
+decide whether a view exists by ATen's rule (:func:`view_strides`), not the refs'.
 """
 
 from __future__ import annotations
