@@ -149,9 +149,16 @@ def pytest_sessionfinish(session, exitstatus):
     if worker is not None:  # an xdist worker: the controller writes the summary
         worker[_ROWS_KEY] = [(n, d, i, dataclasses.asdict(o), w) for n, d, i, o, w in _RESULTS.rows]
         return
-    # a run narrowed with -k, -m, a test id or --lf is not the suite: it writes no summary over the last real one
+    # a run narrowed with -k, -m, a test id or --lf is not the suite: it writes no summary over the last real one;
+    # nor does --collect-only, whose empty shard make conformance-resume would take for a finished one
     opt = session.config.option
-    narrowed = opt.keyword or opt.markexpr or getattr(opt, "lf", False) or any("::" in a for a in session.config.args)
+    narrowed = (
+        opt.keyword
+        or opt.markexpr
+        or opt.collectonly
+        or getattr(opt, "lf", False)
+        or any("::" in a for a in session.config.args)
+    )
     if narrowed:
         return
     from .harness import reports_dir

@@ -75,3 +75,20 @@ def test_merge_asks_which_part(tmp_path):
     with pytest.raises(SystemExit, match="name the part"):
         merge_shards(str(tmp_path))
     assert merge_shards(str(tmp_path), "test_opinfo")["failed_tests"] == []
+
+
+def test_collecting_a_shard_writes_no_rows(tmp_path, monkeypatch):
+    # (a collect-only run once left an empty shard, which make conformance-resume took as done)
+    import types
+
+    monkeypatch.setattr(conftest, "SHARD", (1, 64))
+    plugins = types.SimpleNamespace(get_plugin=lambda name: None)
+
+    def finish(collectonly):
+        opt = types.SimpleNamespace(keyword="", markexpr="", collectonly=collectonly, lf=False)
+        config = types.SimpleNamespace(option=opt, args=[], rootpath=tmp_path / str(collectonly), pluginmanager=plugins)
+        conftest.pytest_sessionfinish(types.SimpleNamespace(config=config, items=[]), 0)
+        return list((tmp_path / str(collectonly)).rglob("*-of-64.json"))
+
+    assert not finish(collectonly=True)
+    assert finish(collectonly=False)  # (the control: a run's shard is written)
