@@ -28,6 +28,7 @@ Classes (:data:`CLASSES`):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import os
@@ -82,6 +83,34 @@ _TOL = {
     torch.complex64: (1.3e-6, 1e-5),
     torch.complex128: (1e-7, 1e-7),
 }
+
+# NOTE: an op whose eager kernel works in tiles (the CPU flash-attention kernel: blocked GEMMs
+# and an online softmax) rounds otherwise than any composition of whole-tensor ops, and no core
+# op reproduces its tiling. Such an op is judged at the tolerance its own OpInfo declares for
+# TestCommon, where PyTorch compares the op's implementations (read from the OpInfo, never
+# retyped; a dtype it names no tolerance for keeps the default).
+TILED_KERNELS = frozenset({"nn.functional.scaled_dot_product_attention"})
+_DECLARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("declared_tolerance", default=None)
+
+
+def declared_tolerance(opinfo) -> dict:
+    """``{dtype: (rtol, atol)}`` the OpInfo's TestCommon ``toleranceOverride`` allows, for an op in
+    :data:`TILED_KERNELS`; otherwise ``{}``."""
+    if opinfo.name not in TILED_KERNELS:
+        return {}
+    return {
+        dtype: (t.rtol, t.atol)
+        for info in opinfo.decorators
+        if getattr(info, "cls_name", None) == "TestCommon" and getattr(info, "test_name", None) is None
+        for dec in info.decorators
+        for dtype, t in getattr(dec, "d", {}).items()
+    }
+
+
+def _tolerance(dtype) -> tuple:
+    rtol, atol = _TOL[dtype]
+    wide_rtol, wide_atol = (_DECLARED.get() or {}).get(dtype, (0.0, 0.0))
+    return max(rtol, wide_rtol), max(atol, wide_atol)
 
 
 @dataclass
@@ -272,7 +301,7 @@ def _close(native, got, what: str, ref=None) -> None:
     against float64, as PyTorch's own decomposition tests do, separates rounding from bugs.
     """
     if native.dtype in _TOL and native.numel():
-        rtol, atol = _TOL[native.dtype]
+        rtol, atol = _tolerance(native.dtype)
         try:
             torch.testing.assert_close(got, native, rtol=rtol, atol=atol, equal_nan=True, check_stride=False)
             return
@@ -458,8 +487,9 @@ def run_variant(fn, sample_args, variant, make_out=None, values: bool = True) ->
             compare_outputs(native, got, nat_in, got_in, values=values)
             compare_inputs(nat_in, got_in, values=values)
         except Mismatch as m:
-            if not m.values or random:
+            if not m.values or (random and not _ignores_draws(fn, sample_args)):
                 raise
+            random = False
             ref_out, ref_in = _float64_run(fn, sample_args, make_out)
             compare_outputs(native, got, nat_in, got_in, values=values, ref=ref_out)
             compare_inputs(nat_in, got_in, ref_in, values=values)
@@ -520,6 +550,18 @@ def _random_draws(fn, sample_args, seed, calls, under_mode) -> list:
             reseed()
             outs.append(_tensors(_call(fn, args)))
     return [torch.stack([t.detach().reshape(-1) for t in column]) for column in zip(*outs)]
+
+
+def _ignores_draws(fn, sample_args) -> bool:
+    """Whether eager gives the same numbers from ``RANDOM_CALLS[0]`` seeds: the op is tagged
+    random but ignores its draws for these arguments.
+
+    NOTE: SDPA at ``dropout_p=0`` (or ``bernoulli`` at p in {0, 1}) is then judged by its values
+    like any deterministic op: the distribution test reads a rounding difference that every call
+    shares as a shifted distribution. Two calls are not enough evidence: a scalar ``bernoulli``
+    at p = 0.5 repeats itself half the time; 100 do so with probability 2^-99."""
+    draws = _random_draws(fn, sample_args, SEED + 3, RANDOM_CALLS[0], under_mode=False)
+    return all(bool(((d == d[:1]) | (d.isnan() & d[:1].isnan())).all()) for d in draws)
 
 
 def _distribution(fn, sample_args, native) -> str | None:
@@ -684,6 +726,14 @@ def run_sample(opinfo, sample, dtype, variants=VARIANTS) -> list:
     ops) are differentiated in the ``grad`` variant; the other variants run on
     copies that do not require grad.
     """
+    token = _DECLARED.set(declared_tolerance(opinfo))
+    try:
+        return _run_sample(opinfo, sample, dtype, variants)
+    finally:
+        _DECLARED.reset(token)
+
+
+def _run_sample(opinfo, sample, dtype, variants) -> list:
     grad_args = (sample.input, tuple(sample.args), dict(sample.kwargs))
     args = copy_args(grad_args, requires_grad=False)
     results = []
