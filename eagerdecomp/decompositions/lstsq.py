@@ -39,55 +39,70 @@ def _mT(A):
 def _jacobi(A, max_sweeps=60):
     """One-sided Jacobi (Hestenes) on a float64 batch with m >= n: ``(W, V)``, A V = W with
     orthogonal columns; None if the sweeps do not converge. Reads data (convergence): for the
-    bypass path only."""
-    n = A.shape[-1]
+    bypass path only.
+
+    NOTE: the rotations of a sweep run n / 2 at a time, on disjoint column pairs (the round-robin
+    ordering: position i meets position N - 1 - i, then positions 1..N-1 shift by one, so N - 1
+    rounds meet every pair once and leave the columns in their first order). A sweep is then
+    about 35 ops per round instead of 40 per pair: a 50 x 50 pinv made 49,000 calls a sweep and
+    took minutes under the mode. An odd n gets a zero column, which no rotation touches.
+    """
+    m, n = A.shape[-2], A.shape[-1]
+    N = n + n % 2
+    h = N // 2
     tol = torch.finfo(torch.float64).eps
-    idx = aten.arange.default(n, device=A.device)
-    U = A
-    V = aten.expand.default(aten.eye.default(n, dtype=A.dtype, device=A.device), [*A.shape[:-2], n, n])
+    V = aten.expand.default(aten.eye.default(N, dtype=A.dtype, device=A.device), [*A.shape[:-2], N, N])
+    U = (
+        A
+        if N == n
+        else aten.cat.default([A, aten.zeros.default([*A.shape[:-1], 1], dtype=A.dtype, device=A.device)], -1)
+    )
+    X = aten.cat.default([U, V], -2)  # rotated together: U's rows above, V's below
     for _ in range(max_sweeps):
         worst = aten.zeros.default([], dtype=A.dtype, device=A.device)
-        for p in range(n - 1):
-            for q in range(p + 1, n):
-                up, uq = aten.select.int(U, -1, p), aten.select.int(U, -1, q)
-                a = aten.sum.dim_IntList(aten.mul.Tensor(up, up), [-1])
-                b = aten.sum.dim_IntList(aten.mul.Tensor(uq, uq), [-1])
-                g = aten.sum.dim_IntList(aten.mul.Tensor(up, uq), [-1])
-                scale = aten.sqrt.default(aten.mul.Tensor(a, b))
-                rotate = aten.gt.Tensor(aten.abs.default(g), aten.mul.Scalar(scale, tol))
-                ratio = aten.where.self(rotate, aten.div.Tensor(aten.abs.default(g), scale), aten.zeros_like.default(g))
-                if ratio.numel():
-                    worst = aten.maximum.default(worst, aten.max.default(ratio))
-                gs = aten.where.self(rotate, g, aten.ones_like.default(g))
-                zeta = aten.div.Tensor(aten.sub.Tensor(b, a), aten.mul.Scalar(gs, 2.0))
-                sign = aten.where.self(
-                    aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0)
+        for _ in range(N - 1):
+            P = aten.slice.Tensor(X, -1, 0, h)
+            Q = aten.flip.default(aten.slice.Tensor(X, -1, h, N), [-1])
+            up, uq = aten.slice.Tensor(P, -2, 0, m), aten.slice.Tensor(Q, -2, 0, m)
+            a = aten.sum.dim_IntList(aten.mul.Tensor(up, up), [-2])
+            b = aten.sum.dim_IntList(aten.mul.Tensor(uq, uq), [-2])
+            g = aten.sum.dim_IntList(aten.mul.Tensor(up, uq), [-2])
+            scale = aten.sqrt.default(aten.mul.Tensor(a, b))
+            rotate = aten.gt.Tensor(aten.abs.default(g), aten.mul.Scalar(scale, tol))
+            ratio = aten.where.self(rotate, aten.div.Tensor(aten.abs.default(g), scale), aten.zeros_like.default(g))
+            if ratio.numel():
+                worst = aten.maximum.default(worst, aten.max.default(ratio))
+            gs = aten.where.self(rotate, g, aten.ones_like.default(g))
+            zeta = aten.div.Tensor(aten.sub.Tensor(b, a), aten.mul.Scalar(gs, 2.0))
+            sign = aten.where.self(
+                aten.ge.Scalar(zeta, 0), aten.ones_like.default(zeta), aten.full_like.default(zeta, -1.0)
+            )
+            t = aten.div.Tensor(
+                sign,
+                aten.add.Tensor(
+                    aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))
+                ),
+            )
+            t = aten.where.self(rotate, t, aten.zeros_like.default(t))
+            c = aten.unsqueeze.default(aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0)), -2)
+            s = aten.mul.Tensor(c, aten.unsqueeze.default(t, -2))
+            P, Q = (
+                aten.sub.Tensor(aten.mul.Tensor(c, P), aten.mul.Tensor(s, Q)),
+                aten.add.Tensor(aten.mul.Tensor(s, P), aten.mul.Tensor(c, Q)),
+            )
+            X = aten.cat.default([P, aten.flip.default(Q, [-1])], -1)
+            if N > 2:  # the next round's pairs: position 1 takes N - 1's column, the rest move up one
+                X = aten.cat.default(
+                    [
+                        aten.slice.Tensor(X, -1, 0, 1),
+                        aten.slice.Tensor(X, -1, N - 1, N),
+                        aten.slice.Tensor(X, -1, 1, N - 1),
+                    ],
+                    -1,
                 )
-                t = aten.div.Tensor(
-                    sign,
-                    aten.add.Tensor(
-                        aten.abs.default(zeta), aten.sqrt.default(aten.add.Scalar(aten.mul.Tensor(zeta, zeta), 1.0))
-                    ),
-                )
-                t = aten.where.self(rotate, t, aten.zeros_like.default(t))
-                c = aten.unsqueeze.default(aten.rsqrt.default(aten.add.Scalar(aten.mul.Tensor(t, t), 1.0)), -1)
-                s = aten.mul.Tensor(c, aten.unsqueeze.default(t, -1))
-                for M in ("U", "V"):
-                    X = U if M == "U" else V
-                    xp, xq = aten.select.int(X, -1, p), aten.select.int(X, -1, q)
-                    X = aten.where.self(
-                        aten.eq.Scalar(idx, p),
-                        aten.unsqueeze.default(aten.sub.Tensor(aten.mul.Tensor(c, xp), aten.mul.Tensor(s, xq)), -1),
-                        X,
-                    )
-                    X = aten.where.self(
-                        aten.eq.Scalar(idx, q),
-                        aten.unsqueeze.default(aten.add.Tensor(aten.mul.Tensor(s, xp), aten.mul.Tensor(c, xq)), -1),
-                        X,
-                    )
-                    U, V = (X, V) if M == "U" else (U, X)
         if float(aten._local_scalar_dense.default(worst)) <= tol:  # one read per sweep
-            return U, V
+            W, V = aten.slice.Tensor(X, -2, 0, m), aten.slice.Tensor(X, -2, m, m + N)
+            return aten.slice.Tensor(W, -1, 0, n), aten.slice.Tensor(aten.slice.Tensor(V, -2, 0, n), -1, 0, n)
     return None
 
 
