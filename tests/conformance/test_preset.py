@@ -66,3 +66,20 @@ def test_preset_slice(opinfo, dtype):
     ]
     assert not bad, "\n".join(bad)
     assert any(o.cls in ("pass", "pass-native") for o in outcomes), [(o.variant, o.cls) for o in outcomes]
+
+
+def test_an_infinity_in_both_runs_needs_no_reference():
+    # masked.log_softmax in bfloat16 rounds otherwise than eager's fused kernel under the preset,
+    # so it is judged against float64; its masked elements are -inf in both runs and in the
+    # reference, whose error (nan) failed the judgement: 7 samples were "wrong" in the full run
+    opinfo = next(o for o in _op_db() if o.full_name == "masked.log_softmax")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = [
+            s
+            for s in opinfo.sample_inputs("cpu", torch.bfloat16)
+            if s.kwargs.get("mask") is not None and not s.kwargs["mask"].all()
+        ]
+        with target(PRESET):
+            outcomes = [o for s in samples[:4] for o in run_sample(opinfo, s, torch.bfloat16)]
+    assert len(outcomes) == 4 and all(o.cls == "pass" for o in outcomes), [(o.cls, o.detail) for o in outcomes]
