@@ -157,7 +157,34 @@ def reshape(a, shape):
     return view(a, new_shape)
 
 
+def _wide_reduction(ref):
+    """``ref`` (``refs.sum`` or ``refs.prod``), computed in int64 where the result
+    is a narrower integer or bool.
+
+    NOTE: ``prims.sum`` and ``prims.prod`` say a result of their input's dtype (their meta), but
+    their ATen form (``torch.sum``/``torch.prod``, the kernel the mode calls) promotes bool and
+    integers narrower than int64 to int64. Run direct, the ref saw the int64 and converted back;
+    a traced kernel read it through the meta and returned int64 (``prod(x, 1, dtype=torch.bool)``
+    was an int64 tensor). Wrapping integer arithmetic is modular, so a sum or product in int64
+    converted to the narrow type is eager's value, and bool's (eager's OR and AND) is whether the
+    int64 count or product is nonzero."""
+
+    def reduce(a, *args, dtype=None, **kwargs):
+        # (without a dtype, bool and integer inputs give int64 already)
+        if dtype is None or dtype == torch.int64 or dtype.is_floating_point or dtype.is_complex:
+            return ref(a, *args, dtype=dtype, **kwargs)
+        if a.dtype != dtype:  # eager casts the input to dtype first (a float 0.5 to int 0, to bool True)
+            a = refs.to(a, dtype)
+        return refs.to(ref(a, *args, dtype=torch.int64, **kwargs), dtype)
+
+    return reduce
+
+
 PRIMS_TABLE = {
+    aten.sum.default: _wide_reduction(refs.sum),
+    aten.sum.dim_IntList: _wide_reduction(refs.sum),
+    aten.prod.default: _wide_reduction(refs.prod),
+    aten.prod.dim_int: _wide_reduction(refs.prod),
     aten.view.default: view,
     aten._unsafe_view.default: view,
     aten.reshape.default: reshape,

@@ -298,3 +298,27 @@ def test_functional_copy_into_an_overlapping_self_is_declined():
     overlapping = T2345.flatten()[:6].as_strided((3, 3), (1, 1))  # no 0 stride: eager's result depends on order
     with pytest.raises(ed.UnsupportedOpError, match="aten.copy.default"), ed.EagerDecompMode("prims_fusion"):
         aten.copy.default(overlapping, T2345[0, 0, 0, :3])
+
+
+_INTS = (torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(2)) * 100).to(torch.int32)
+NARROW_REDUCTIONS = {
+    # prims.sum/prod's ATen form promotes to int64 where their meta keeps the dtype: a traced
+    # prod(dtype=torch.bool) returned int64 (the uncapped OpInfo run, prod at bool)
+    "prod-bool": lambda: torch.prod(_INTS > 0, 1, dtype=torch.bool),
+    "prod-bool-keepdim": lambda: torch.prod(_INTS > 0, 1, keepdim=True, dtype=torch.bool),
+    "sum-bool": lambda: torch.sum(_INTS > 90, 2, dtype=torch.bool),
+    "sum-all-int8-wraps": lambda: torch.sum(_INTS, dtype=torch.int8),
+    "sum-int16": lambda: torch.sum(_INTS, 0, dtype=torch.int16),
+    "prod-int32-wraps": lambda: torch.prod(_INTS, 2, dtype=torch.int32),
+    "prod-all-uint8": lambda: torch.prod(_INTS, dtype=torch.uint8),
+    "sum-float-to-bool": lambda: torch.sum(torch.tensor([[0.0, 0.5], [0.0, 0.0]]), 1, dtype=torch.bool),
+    "nansum-int16": lambda: torch.nansum(_INTS, 1, dtype=torch.int16),
+    "sum-int32-default": lambda: torch.sum(_INTS, 1),
+}
+
+
+@pytest.mark.parametrize("tier", ["direct", "traced"])
+@pytest.mark.parametrize("name", list(NARROW_REDUCTIONS))
+def test_narrow_integer_and_bool_reductions_like_eager(name, tier, monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2" if tier == "direct" else "0")
+    check_against_eager(NARROW_REDUCTIONS[name], opset="prims_fusion")
