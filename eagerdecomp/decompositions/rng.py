@@ -10,7 +10,7 @@ the physical shape, then a ``permute`` back to the logical one. That is the
 order the CPU kernels fill ``empty_like(self)`` in, so ``rand_like`` and
 ``uniform_`` draw the same numbers as eager from the same ``torch.manual_seed``
 (up to the last bit where the native kernel fuses a multiply-add), and so do
-``randn_like`` and ``normal_`` on contiguous tensors. ``bernoulli`` (dropout's
+``randn_like`` and ``normal_``, in the kernel's two orders (see ``_draw``). ``bernoulli`` (dropout's
 masks), ``exponential`` and ``geometric`` draw the float64 uniform the CPU kernel
 draws per element and transform it as it does. The integer draws are in
 :mod:`.randint`, ``multinomial`` in :mod:`.multinomial`; :data:`STREAM_DIFFERS`
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch._prims_common as utils
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
 from eagerdecomp.decompositions.registry import project_decomposition
@@ -52,11 +53,44 @@ def _fresh(draw, size, generator=None, **kwargs):
     return _WITH_GENERATOR[draw](size, generator=generator, **kwargs)
 
 
-def _draw(draw, like, dtype=None, device=None, generator=None):
-    """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)``."""
+# NOTE: the CPU normal kernel fills a contiguous tensor of 16 or more elements in vectorized
+# blocks, and anything else one Box-Muller pair at a time in memory order (in float64, the pair's
+# second value kept in the generator for the next draw). randn_like of a permuted tensor (VITS's
+# noise) and normal_ on a non-contiguous one take the second path. Consecutive randn calls of
+# fewer than 16 elements take it too and hand the kept value on, so drawn that way the numbers
+# are eager's. Past _PAIRWISE_MAX elements (one call per 15) the draw stays vectorized: another
+# stream, which the report says (STREAM_DIFFERS).
+_VECTORIZED_FROM, _PAIR_CHUNK, _PAIRWISE_MAX = 16, 15, 1 << 16
+
+
+def _pairwise(numel, contiguous: bool) -> bool:
+    return not contiguous and _VECTORIZED_FROM <= numel <= _PAIRWISE_MAX
+
+
+def _contiguous(shape, perm) -> bool:
+    """Whether the layout ``empty_like`` gives (``perm``: logical to physical) is contiguous, by
+    ATen's rule (size-1 dims do not count)."""
+    return [d for d in perm if shape[d] != 1] == sorted(d for d in perm if shape[d] != 1)
+
+
+def _draw(draw, like, dtype=None, device=None, generator=None, pairwise=None):
+    """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)``; ``pairwise``
+    (randn only; default: whether that layout is non-contiguous) draws the CPU kernel's one pair at
+    a time numbers."""
     perm = compute_elementwise_output_logical_to_physical_perm(like)[0] if like.dim() else []
     physical = [like.shape[d] for d in perm]
-    out = _fresh(draw, physical, generator, dtype=dtype or like.dtype, device=device or like.device)
+    dtype, device = dtype or like.dtype, device or like.device
+    if pairwise is None:
+        pairwise = draw is aten.randn.default and _pairwise(like.numel(), _contiguous(like.shape, perm))
+    if pairwise:
+        n = like.numel()
+        chunks = [
+            _fresh(draw, [min(_PAIR_CHUNK, n - i)], generator, dtype=dtype, device=device)
+            for i in range(0, n, _PAIR_CHUNK)
+        ]
+        out = aten.view.default(aten.cat.default(chunks), physical)
+    else:
+        out = _fresh(draw, physical, generator, dtype=dtype, device=device)
     inverse = [perm.index(d) for d in range(len(perm))]
     return aten.permute.default(out, inverse) if inverse != list(range(len(inverse))) else out
 
@@ -79,10 +113,11 @@ def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pi
     return _draw(aten.randn.default, self, dtype, device, generator)
 
 
-def _scaled(draw, self, scale, shift, generator=None):
-    """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it."""
-    acc = torch.float32 if self.dtype in _REDUCED else self.dtype
-    out = _draw(draw, self, acc, generator=generator)
+def _scaled(draw, self, scale, shift, generator=None, pairwise=False):
+    """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it
+    (``pairwise``: in float64, as the one pair at a time kernel does)."""
+    acc = torch.float64 if pairwise else torch.float32 if self.dtype in _REDUCED else self.dtype
+    out = _draw(draw, self, acc, generator=generator, pairwise=pairwise)
     if scale != 1:
         out = aten.mul.Tensor(out, scale)
     if shift != 0:
@@ -103,7 +138,8 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     # NOTE: normal_ has no functional overload of the same signature; write it in place here
     if not self.dtype.is_floating_point:
         return NotImplemented
-    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean, generator))
+    pairwise = _pairwise(self.numel(), utils.is_contiguous(self))  # eager asks of self itself
+    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean, generator, pairwise))
 
 
 @project_decomposition(aten.normal.Tensor_float)
@@ -122,7 +158,9 @@ def normal_tensor_float_out(mean, std=1.0, *, generator=None, out):
 
 @project_decomposition(aten.normal.float_Tensor)
 def normal_float_tensor(mean, std, *, generator=None):
-    return aten.add.Tensor(aten.mul.Tensor(_draw(aten.randn.default, std, generator=generator), std), mean)
+    return aten.add.Tensor(
+        aten.mul.Tensor(_draw(aten.randn.default, std, generator=generator, pairwise=False), std), mean
+    )
 
 
 @project_decomposition(aten.normal.Tensor_Tensor)
@@ -235,6 +273,10 @@ _BITS = (
     "draws over ranges past 2**12 take two of the generator's outputs where eager takes one (decompositions/randint.py)"
 )
 _NORMAL = "a non-contiguous result of 16 or more elements (the CPU kernel draws it one pair at a time)"
+_PAIRS = (
+    "a non-contiguous result of over 65,536 elements (the CPU kernel draws it one pair at a time, as rng.py "
+    "does up to there)"
+)
 STREAM_DIFFERS = {
     aten.random.default: _BITS,
     getattr(aten.random, "from"): _BITS,
@@ -247,7 +289,10 @@ STREAM_DIFFERS = {
     aten.randint_like.generator: _BITS,
     aten.randint_like.low_dtype: _BITS,
     aten.randint_like.low_generator_dtype: _BITS,
-    aten.normal_.default: _NORMAL,
+    aten.normal_.default: _PAIRS
+    + "; float64 with a mean or std: the last bit, where the kernel fuses the multiply-add",
+    aten.randn_like.default: _PAIRS,
+    aten.randn_like.generator: _PAIRS,
     aten.normal.Tensor_float: _NORMAL,
     aten.normal.float_Tensor: _NORMAL,
     aten.uniform.default: "the last bit, where the CPU kernel fuses u * (to - from) + from into one rounding",
@@ -262,8 +307,6 @@ EAGER_STREAM = frozenset(
     {
         aten.rand_like.default,
         aten.rand_like.generator,
-        aten.randn_like.default,
-        aten.randn_like.generator,
         aten.normal.Tensor_Tensor,
         aten.normal.float_float,
         aten.bernoulli.p,

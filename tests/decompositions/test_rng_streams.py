@@ -324,3 +324,45 @@ def test_dataloader_batches_and_later_draws_are_eagers(workers, shuffle):
     for w, g in zip(want[0], got[0]):
         assert torch.equal(w, g)
     assert torch.equal(want[1], got[1])
+
+
+# -- the normal kernel's one pair at a time order -------------------------------------------------
+
+PAIRWISE = {
+    # a non-contiguous result of 16 or more elements: the CPU kernel draws Box-Muller pairs in
+    # memory order (VITS's noise is randn_like of a transposed tensor; it drew other numbers and
+    # the model produced another output length)
+    "randn_like transposed": lambda g: torch.randn_like(torch.zeros(2, 49, 19).transpose(1, 2)),
+    "randn_like channels_last": lambda g: torch.randn_like(
+        torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    ),
+    "randn_like bfloat16": lambda g: torch.randn_like(torch.zeros(20, 30).t(), dtype=torch.bfloat16),
+    "randn_like float64": lambda g: torch.randn_like(torch.zeros(20, 30, dtype=torch.float64).t()),
+    "normal_ transposed": lambda g: torch.zeros(30, 40).t().normal_(2.5, 0.3),
+    "normal_ sliced": lambda g: torch.zeros(30, 40)[:, ::2].normal_(0.5, 2.0),
+    "normal_ float16": lambda g: torch.zeros(30, 40, dtype=torch.float16).t().normal_(),
+    "normal_ generator": lambda g: torch.zeros(30, 40).t().normal_(generator=g),
+    # an odd count leaves the pair's second value in the generator for the next such draw
+    "odd then contiguous then odd": lambda g: [
+        torch.randn_like(torch.zeros(3, 7).t()),
+        torch.randn(40),
+        torch.zeros(5, 5).t().normal_(),
+        torch.randn(3),
+    ],
+    "contiguous": lambda g: torch.zeros(30, 40).normal_(1.0, 2.0),
+}
+
+
+@pytest.mark.parametrize("tier", ["direct", "traced"])
+@pytest.mark.parametrize("name", sorted(PAIRWISE))
+def test_normal_draws_take_the_kernels_order(name, tier, monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2" if tier == "direct" else "0")
+    _eager_exact(PAIRWISE[name], generator_seed=3 if "generator" in name else None)
+
+
+def test_the_report_says_where_randn_like_draws_another_stream():
+    _, mode = _eager_exact(lambda g: torch.randn_like(torch.zeros(3, 20).t()))
+    rows = [r for r in mode.report().rows if str(r.op) == "aten.randn_like.default"]
+    assert len(rows) == 1, str(mode.report())
+    (row,) = rows
+    assert row.random and not row.eager_stream and "65,536" in row.stream_differs
