@@ -24,6 +24,7 @@ from eagerdecomp.decompositions.numerics import cast, opmath
 from eagerdecomp.decompositions.pooling import _windows
 from eagerdecomp.decompositions.registry import project_decomposition
 from eagerdecomp.ops.checks import checks_for, dtype_check, scalar_type_name
+from eagerdecomp.ops.overlap import has_expanded_dim
 
 aten = torch.ops.aten
 
@@ -472,8 +473,7 @@ def _overlaps(t) -> bool:
 # through them, so which element wins depends on the write order.
 @project_decomposition(aten.copy.default)
 def copy(self, src, non_blocking=False):
-    expanded = any(st == 0 and n > 1 for n, st in zip(self.shape, self.stride()))
-    if _overlaps(self) and not expanded:
+    if _overlaps(self) and not has_expanded_dim(self):
         return NotImplemented
     if src.dtype != self.dtype or src.device != self.device:
         src = aten._to_copy.default(src, dtype=self.dtype, device=self.device)

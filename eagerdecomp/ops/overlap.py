@@ -37,6 +37,7 @@ __all__ = [
     "writes_expanded",
     "write_expanded",
     "expanded_writer",
+    "has_expanded_dim",
     "storage_positions",
 ]
 
@@ -112,8 +113,13 @@ def _dense(t) -> bool:
     return is_non_overlapping_and_dense_or_false(t)
 
 
+def has_expanded_dim(t) -> bool:
+    """Whether ``t`` repeats elements along a dim (stride 0, size > 1), as ``expand`` makes."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
 def _internal(t) -> bool:
-    return not _dense(t) and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+    return not _dense(t) and has_expanded_dim(t)
 
 
 def _status(a, b) -> str:
