@@ -54,17 +54,18 @@ def _fresh(draw, size, generator=None, **kwargs):
 
 
 # NOTE: the CPU normal kernel fills a contiguous tensor of 16 or more elements in vectorized
-# blocks, and anything else one Box-Muller pair at a time in memory order (in float64, the pair's
-# second value kept in the generator for the next draw). randn_like of a permuted tensor (VITS's
-# noise) and normal_ on a non-contiguous one take the second path. Consecutive randn calls of
-# fewer than 16 elements take it too and hand the kept value on, so drawn that way the numbers
-# are eager's. Past _PAIRWISE_MAX elements (one call per 15) the draw stays vectorized: another
-# stream, which the report says (STREAM_DIFFERS).
+# blocks (in the dtype's opmath type), and anything else one Box-Muller pair at a time in memory
+# order, in float64, the pair's second value kept in the generator for the next draw: a small
+# tensor, randn_like of a permuted one (VITS's noise), normal_ on a non-contiguous one.
+# Consecutive randn calls of fewer than 16 elements take that path too and hand the kept value
+# on, so drawn that way the numbers are eager's. Past _PAIRWISE_MAX elements (one call per 15) a
+# non-contiguous draw stays vectorized: another stream, which the report says (STREAM_DIFFERS).
 _VECTORIZED_FROM, _PAIR_CHUNK, _PAIRWISE_MAX = 16, 15, 1 << 16
 
 
 def _pairwise(numel, contiguous: bool) -> bool:
-    return not contiguous and _VECTORIZED_FROM <= numel <= _PAIRWISE_MAX
+    """Whether eager's normal kernel draws ``numel`` elements one pair at a time (and we can)."""
+    return numel < _VECTORIZED_FROM or (not contiguous and numel <= _PAIRWISE_MAX)
 
 
 def _contiguous(shape, perm) -> bool:
@@ -73,22 +74,33 @@ def _contiguous(shape, perm) -> bool:
     return [d for d in perm if shape[d] != 1] == sorted(d for d in perm if shape[d] != 1)
 
 
-def _draw(draw, like, dtype=None, device=None, generator=None, pairwise=None):
-    """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)``; ``pairwise``
-    (randn only; default: whether that layout is non-contiguous) draws the CPU kernel's one pair at
-    a time numbers."""
-    perm = compute_elementwise_output_logical_to_physical_perm(like)[0] if like.dim() else []
+def _draw(draw, like, dtype=None, device=None, generator=None, pairwise=None, contiguous=False, blocks=False):
+    """``draw`` (aten.rand or aten.randn) shaped and strided as ``empty_like(like)`` (``contiguous``:
+    as a contiguous tensor of its shape); ``pairwise`` (randn only; default: as eager's kernel
+    would fill that layout) draws the one pair at a time numbers; ``blocks``: a float32 randn in
+    the order the vectorized fill of a 16-bit float takes (below)."""
+    if like.dim() and not contiguous:
+        perm = compute_elementwise_output_logical_to_physical_perm(like)[0]
+    else:
+        perm = list(range(like.dim()))
     physical = [like.shape[d] for d in perm]
     dtype, device = dtype or like.dtype, device or like.device
     if pairwise is None:
         pairwise = draw is aten.randn.default and _pairwise(like.numel(), _contiguous(like.shape, perm))
-    if pairwise:
-        n = like.numel()
+    n = like.numel()
+    if pairwise and n >= _VECTORIZED_FROM:
         chunks = [
             _fresh(draw, [min(_PAIR_CHUNK, n - i)], generator, dtype=dtype, device=device)
             for i in range(0, n, _PAIR_CHUNK)
         ]
         out = aten.view.default(aten.cat.default(chunks), physical)
+    elif blocks and n > _VECTORIZED_FROM and n % _VECTORIZED_FROM:
+        # NOTE: a 16-bit float's fill draws 16 uniforms per block and 16 fresh ones for the last
+        # 16 elements; a float32 fill draws every element's uniform first, then 16 for the tail
+        whole = _fresh(draw, [n - n % _VECTORIZED_FROM], generator, dtype=dtype, device=device)
+        tail = _fresh(draw, [_VECTORIZED_FROM], generator, dtype=dtype, device=device)
+        head = aten.slice.Tensor(whole, 0, 0, n - _VECTORIZED_FROM)
+        out = aten.view.default(aten.cat.default([head, tail]), physical)
     else:
         out = _fresh(draw, physical, generator, dtype=dtype, device=device)
     inverse = [perm.index(d) for d in range(len(perm))]
@@ -113,16 +125,60 @@ def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pi
     return _draw(aten.randn.default, self, dtype, device, generator)
 
 
-def _scaled(draw, self, scale, shift, generator=None, pairwise=False):
-    """``draw * scale + shift`` in the dtype's opmath type, as the native kernels compute it
-    (``pairwise``: in float64, as the one pair at a time kernel does)."""
+# NOTE: the vectorized normal fill of float (and 16-bit floats, through float) computes
+# n * std + mean, mean and std rounded to float, with one fused multiply-add on AVX2 and AVX-512
+# (NormalFill16). A product of two floats is exact in float64, so float64 arithmetic rounded back
+# to float is the fused result (unless the float64 sum lands on a float tie: about 2**-29 of draws).
+_FUSED_FILL = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _split(x):
+    """Veltkamp's split of float64 ``x`` into two halves of 26 bits: ``x == hi + lo`` exactly."""
+    if isinstance(x, float):
+        c = x * 134217729.0
+        hi = c - (c - x)
+        return hi, x - hi
+    c = aten.mul.Tensor(x, 134217729.0)
+    hi = aten.sub.Tensor(c, aten.sub.Tensor(c, x))
+    return hi, aten.sub.Tensor(x, hi)
+
+
+def _fused_multiply_add(x, scale: float, shift: float):
+    """``x * scale + shift`` in float64 rounded once, as a fused multiply-add (the kernels' on
+    AVX2): the exact product as two float64s (Dekker), the exact sum as two (Knuth), then one
+    rounding of their total. Checked against the kernel on 100,000 draws."""
+    mul, add, sub = aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor
+    p = mul(x, scale)
+    (xh, xl), (sh, sl) = _split(x), _split(scale)
+    e = add(add(add(sub(mul(xh, sh), p), mul(xh, sl)), mul(xl, sh)), mul(xl, sl))
+    total = add(p, shift)
+    back = sub(total, p)
+    t = add(sub(p, sub(total, back)), sub(shift, back))
+    return add(total, add(t, e))
+
+
+def _scaled(draw, self, scale, shift, generator=None, pairwise=False, contiguous=False):
+    """``draw * scale + shift`` as the native kernels compute it: in the dtype's opmath type (a
+    normal draw fused on AVX2, in the blocks a 16-bit float's fill takes), or in float64
+    (``pairwise``: the one pair at a time normal kernel)."""
+    normal = draw is aten.randn.default and not pairwise
     acc = torch.float64 if pairwise else torch.float32 if self.dtype in _REDUCED else self.dtype
-    out = _draw(draw, self, acc, generator=generator, pairwise=pairwise)
-    if scale != 1:
-        out = aten.mul.Tensor(out, scale)
-    if shift != 0:
-        out = aten.add.Tensor(out, shift)
-    return out if acc == self.dtype else aten._to_copy.default(out, dtype=self.dtype)
+    blocks = normal and self.dtype in _REDUCED
+    out = _draw(draw, self, acc, generator=generator, pairwise=pairwise, contiguous=contiguous, blocks=blocks)
+    fused = normal and _FUSED_FILL and acc == torch.float32 and (scale != 1 or shift != 0)
+    if fused:  # the fill takes mean and std as floats
+        scale, shift = (torch.tensor(v, dtype=torch.float32).item() for v in (scale, shift))
+        out = aten._to_copy.default(out, dtype=torch.float64)
+    if draw is aten.randn.default and _FUSED_FILL and out.dtype == torch.float64 and (scale != 1 or shift != 0):
+        out = _fused_multiply_add(out, float(scale), float(shift))
+    else:
+        if scale != 1:
+            out = aten.mul.Tensor(out, scale)
+        if shift != 0:
+            out = aten.add.Tensor(out, shift)
+    if fused:
+        out = aten._to_copy.default(out, dtype=torch.float32)
+    return out if out.dtype == self.dtype else aten._to_copy.default(out, dtype=self.dtype)
 
 
 @project_decomposition(aten.uniform.default)
@@ -144,7 +200,10 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
 
 @project_decomposition(aten.normal.Tensor_float)
 def normal_tensor_float(mean, std=1.0, *, generator=None):
-    return aten.add.Tensor(_scaled(aten.randn.default, mean, std, 0.0, generator), mean)
+    # eager: normal_(0, std) on a fresh contiguous tensor of mean's shape, then add_(mean)
+    pairwise = _pairwise(mean.numel(), True)
+    noise = _scaled(aten.randn.default, mean, std, 0.0, generator, pairwise, contiguous=True)
+    return aten.add.Tensor(noise, mean)
 
 
 @project_decomposition(aten.normal.Tensor_float_out)
@@ -158,9 +217,9 @@ def normal_tensor_float_out(mean, std=1.0, *, generator=None, out):
 
 @project_decomposition(aten.normal.float_Tensor)
 def normal_float_tensor(mean, std, *, generator=None):
-    return aten.add.Tensor(
-        aten.mul.Tensor(_draw(aten.randn.default, std, generator=generator, pairwise=False), std), mean
-    )
+    # eager: normal_(0, 1) on a fresh contiguous tensor of std's shape, then mul_(std).add_(mean)
+    noise = _draw(aten.randn.default, std, generator=generator, contiguous=True)
+    return aten.add.Tensor(aten.mul.Tensor(noise, std), mean)
 
 
 @project_decomposition(aten.normal.Tensor_Tensor)
@@ -272,7 +331,6 @@ _BITS = (
     "core ATen's rand shows no more of a draw's bits; the low 53 bits of a 64-bit draw are eager's, and 32-bit "
     "draws over ranges past 2**12 take two of the generator's outputs where eager takes one (decompositions/randint.py)"
 )
-_NORMAL = "a non-contiguous result of 16 or more elements (the CPU kernel draws it one pair at a time)"
 _PAIRS = (
     "a non-contiguous result of over 65,536 elements (the CPU kernel draws it one pair at a time, as rng.py "
     "does up to there)"
@@ -289,12 +347,9 @@ STREAM_DIFFERS = {
     aten.randint_like.generator: _BITS,
     aten.randint_like.low_dtype: _BITS,
     aten.randint_like.low_generator_dtype: _BITS,
-    aten.normal_.default: _PAIRS
-    + "; float64 with a mean or std: the last bit, where the kernel fuses the multiply-add",
+    aten.normal_.default: _PAIRS,
     aten.randn_like.default: _PAIRS,
     aten.randn_like.generator: _PAIRS,
-    aten.normal.Tensor_float: _NORMAL,
-    aten.normal.float_Tensor: _NORMAL,
     aten.uniform.default: "the last bit, where the CPU kernel fuses u * (to - from) + from into one rounding",
     aten.exponential.default: "float64 results, in the last bit, where the vectorized log1p and the C library's differ",
     aten.multinomial.default: (
@@ -308,6 +363,8 @@ EAGER_STREAM = frozenset(
         aten.rand_like.default,
         aten.rand_like.generator,
         aten.normal.Tensor_Tensor,
+        aten.normal.Tensor_float,
+        aten.normal.float_Tensor,
         aten.normal.float_float,
         aten.bernoulli.p,
         aten.bernoulli.Tensor,

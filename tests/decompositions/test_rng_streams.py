@@ -350,6 +350,15 @@ PAIRWISE = {
         torch.randn(3),
     ],
     "contiguous": lambda g: torch.zeros(30, 40).normal_(1.0, 2.0),
+    # the vectorized fill's fused multiply-add (float mean and std), a 16-bit float's blocks of 16,
+    # and the one pair at a time kernel's float64 multiply-add, each to the last bit
+    "normal_ fused float32": lambda g: torch.zeros(1001).normal_(0.3, 1.7),
+    "normal_ fused float64": lambda g: torch.zeros(1001, dtype=torch.float64).normal_(0.3, 1.7),
+    "normal_ bfloat16 blocks": lambda g: torch.zeros(30, dtype=torch.bfloat16).normal_(0.3, 1.7),
+    "normal_ small float64": lambda g: torch.zeros(3, 4, dtype=torch.float64).normal_(-2.0, 0.7),
+    "normal Tensor_float transposed": lambda g: torch.normal(torch.zeros(20, 30).t() + 0.1, 2.3),
+    "normal float_Tensor transposed": lambda g: torch.normal(1.0, torch.ones(20, 30).t() * 3),
+    "normal Tensor_float small float64": lambda g: torch.normal(torch.zeros(3, 4, dtype=torch.float64) + 0.1, 2.3),
 }
 
 
