@@ -125,7 +125,8 @@ def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pi
     return _draw(aten.randn.default, self, dtype, device, generator)
 
 
-# NOTE: the vectorized normal fill of float (and 16-bit floats, through float) computes
+# NOTE: the CPU kernels are built with fused multiply-adds on AVX2 and AVX-512. The vectorized
+# normal fill of float (and 16-bit floats, through float) computes
 # n * std + mean, mean and std rounded to float, with one fused multiply-add on AVX2 and AVX-512
 # (NormalFill16). A product of two floats is exact in float64, so float64 arithmetic rounded back
 # to float is the fused result (unless the float64 sum lands on a float tie: about 2**-29 of draws).
@@ -186,7 +187,25 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None):
     # NOTE: uniform_ (every nn.init.*uniform_) reaches this through the in-place variant rule
     if not self.dtype.is_floating_point:
         return NotImplemented
-    return _scaled(aten.rand.default, self, to - from_, from_, generator)
+    # NOTE: the kernel rounds from and to to the opmath type, takes their difference there and
+    # computes x * (to - from) + from (fused on AVX2), then a result that rounds up to `to` in
+    # the tensor's dtype is `from` (kaiming_uniform_'s +-1/sqrt(fan_in) bounds made 42% of
+    # float32 draws differ in the last bit when computed unfused, from Python's double bounds)
+    acc = torch.float32 if self.dtype in _REDUCED else self.dtype
+    low, high = (torch.tensor(v, dtype=acc) for v in (from_, to))
+    span, low = (high - low).item(), low.item()
+    x = _draw(aten.rand.default, self, acc, generator=generator)
+    if not _FUSED_FILL:
+        out = aten.add.Tensor(aten.mul.Tensor(x, span), low)
+    elif acc == torch.float64:
+        out = _fused_multiply_add(x, span, low)
+    else:  # a float product is exact in float64: one rounding of the sum, as the fused one
+        wide = aten._to_copy.default(x, dtype=torch.float64)
+        out = aten._to_copy.default(aten.add.Tensor(aten.mul.Tensor(wide, span), low), dtype=acc)
+    if out.dtype != self.dtype:
+        out = aten._to_copy.default(out, dtype=self.dtype)
+    top = torch.tensor(to, dtype=self.dtype).item()
+    return aten.where.self(aten.eq.Scalar(out, top), aten.full_like.default(out, from_), out)
 
 
 @project_decomposition(aten.normal_.default)
@@ -350,7 +369,6 @@ STREAM_DIFFERS = {
     aten.normal_.default: _PAIRS,
     aten.randn_like.default: _PAIRS,
     aten.randn_like.generator: _PAIRS,
-    aten.uniform.default: "the last bit, where the CPU kernel fuses u * (to - from) + from into one rounding",
     aten.exponential.default: "float64 results, in the last bit, where the vectorized log1p and the C library's differ",
     aten.multinomial.default: (
         "with replacement, two or more samples and over 1024 float32 or 16-bit categories: cumulative sums "
@@ -364,6 +382,7 @@ EAGER_STREAM = frozenset(
         aten.rand_like.generator,
         aten.normal.Tensor_Tensor,
         aten.normal.Tensor_float,
+        aten.uniform.default,
         aten.normal.float_Tensor,
         aten.normal.float_float,
         aten.bernoulli.p,
