@@ -125,12 +125,12 @@ def randn_like(self, *, generator=None, dtype=None, layout=None, device=None, pi
     return _draw(aten.randn.default, self, dtype, device, generator)
 
 
-# NOTE: the CPU kernels are built with fused multiply-adds on AVX2 and AVX-512. The vectorized
-# normal fill of float (and 16-bit floats, through float) computes
-# n * std + mean, mean and std rounded to float, with one fused multiply-add on AVX2 and AVX-512
-# (NormalFill16). A product of two floats is exact in float64, so float64 arithmetic rounded back
-# to float is the fused result (unless the float64 sum lands on a float tie: about 2**-29 of draws).
-_FUSED_FILL = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+# NOTE: the CPU kernels are built with fused multiply-adds on AVX2 and AVX-512: the normal fill
+# computes n * std + mean (std and mean rounded to its opmath type first), uniform_ x * span + from,
+# each rounded once. A product of two floats is exact in float64, so float64 arithmetic rounded
+# back to float is the fused result (unless the float64 sum lands on a float tie: about 2**-29 of
+# draws); float64 takes Dekker's exact product and Knuth's exact sum.
+_FUSED = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def _split(x):
@@ -145,9 +145,9 @@ def _split(x):
 
 
 def _fused_multiply_add(x, scale: float, shift: float):
-    """``x * scale + shift`` in float64 rounded once, as a fused multiply-add (the kernels' on
-    AVX2): the exact product as two float64s (Dekker), the exact sum as two (Knuth), then one
-    rounding of their total. Checked against the kernel on 100,000 draws."""
+    """``x * scale + shift`` for float64 ``x``, rounded once: the exact product as two float64s,
+    the exact sum as two, then one rounding of their total (checked against the kernel on 100,000
+    draws)."""
     mul, add, sub = aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor
     p = mul(x, scale)
     (xh, xl), (sh, sl) = _split(x), _split(scale)
@@ -158,27 +158,33 @@ def _fused_multiply_add(x, scale: float, shift: float):
     return add(total, add(t, e))
 
 
-def _scaled(draw, self, scale, shift, generator=None, pairwise=False, contiguous=False):
-    """``draw * scale + shift`` as the native kernels compute it: in the dtype's opmath type (a
-    normal draw fused on AVX2, in the blocks a 16-bit float's fill takes), or in float64
-    (``pairwise``: the one pair at a time normal kernel)."""
-    normal = draw is aten.randn.default and not pairwise
+def _multiply_add(x, scale: float, shift: float):
+    """``x * scale + shift`` in ``x``'s dtype (float32 or float64, which hold ``scale`` and
+    ``shift`` exactly), rounded as the CPU kernels round it."""
+    if scale == 1 and shift == 0:
+        return x
+    if not _FUSED:
+        return aten.add.Tensor(aten.mul.Tensor(x, scale), shift)
+    if x.dtype == torch.float64:
+        return _fused_multiply_add(x, scale, shift)
+    wide = aten._to_copy.default(x, dtype=torch.float64)
+    return aten._to_copy.default(aten.add.Tensor(aten.mul.Tensor(wide, scale), shift), dtype=x.dtype)
+
+
+def _rounded(value: float, dtype) -> float:
+    return torch.tensor(value, dtype=dtype).item()
+
+
+def _normal(self, std, mean, generator=None, pairwise=False, contiguous=False):
+    """``randn * std + mean`` shaped as ``self``, as the CPU normal kernel computes it: one pair
+    at a time in float64 (``pairwise``), or the vectorized fill in the opmath type (a 16-bit
+    float's in its blocks of 16), its std and mean rounded to that type."""
     acc = torch.float64 if pairwise else torch.float32 if self.dtype in _REDUCED else self.dtype
-    blocks = normal and self.dtype in _REDUCED
-    out = _draw(draw, self, acc, generator=generator, pairwise=pairwise, contiguous=contiguous, blocks=blocks)
-    fused = normal and _FUSED_FILL and acc == torch.float32 and (scale != 1 or shift != 0)
-    if fused:  # the fill takes mean and std as floats
-        scale, shift = (torch.tensor(v, dtype=torch.float32).item() for v in (scale, shift))
-        out = aten._to_copy.default(out, dtype=torch.float64)
-    if draw is aten.randn.default and _FUSED_FILL and out.dtype == torch.float64 and (scale != 1 or shift != 0):
-        out = _fused_multiply_add(out, float(scale), float(shift))
-    else:
-        if scale != 1:
-            out = aten.mul.Tensor(out, scale)
-        if shift != 0:
-            out = aten.add.Tensor(out, shift)
-    if fused:
-        out = aten._to_copy.default(out, dtype=torch.float32)
+    blocks = not pairwise and self.dtype in _REDUCED
+    x = _draw(
+        aten.randn.default, self, acc, generator=generator, pairwise=pairwise, contiguous=contiguous, blocks=blocks
+    )
+    out = _multiply_add(x, _rounded(std, acc), _rounded(mean, acc))
     return out if out.dtype == self.dtype else aten._to_copy.default(out, dtype=self.dtype)
 
 
@@ -193,18 +199,10 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None):
     # float32 draws differ in the last bit when computed unfused, from Python's double bounds)
     acc = torch.float32 if self.dtype in _REDUCED else self.dtype
     low, high = (torch.tensor(v, dtype=acc) for v in (from_, to))
-    span, low = (high - low).item(), low.item()
-    x = _draw(aten.rand.default, self, acc, generator=generator)
-    if not _FUSED_FILL:
-        out = aten.add.Tensor(aten.mul.Tensor(x, span), low)
-    elif acc == torch.float64:
-        out = _fused_multiply_add(x, span, low)
-    else:  # a float product is exact in float64: one rounding of the sum, as the fused one
-        wide = aten._to_copy.default(x, dtype=torch.float64)
-        out = aten._to_copy.default(aten.add.Tensor(aten.mul.Tensor(wide, span), low), dtype=acc)
+    out = _multiply_add(_draw(aten.rand.default, self, acc, generator=generator), (high - low).item(), low.item())
     if out.dtype != self.dtype:
         out = aten._to_copy.default(out, dtype=self.dtype)
-    top = torch.tensor(to, dtype=self.dtype).item()
+    top = _rounded(to, self.dtype)
     return aten.where.self(aten.eq.Scalar(out, top), aten.full_like.default(out, from_), out)
 
 
@@ -214,14 +212,14 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     if not self.dtype.is_floating_point:
         return NotImplemented
     pairwise = _pairwise(self.numel(), utils.is_contiguous(self))  # eager asks of self itself
-    return aten.copy_.default(self, _scaled(aten.randn.default, self, std, mean, generator, pairwise))
+    return aten.copy_.default(self, _normal(self, std, mean, generator, pairwise))
 
 
 @project_decomposition(aten.normal.Tensor_float)
 def normal_tensor_float(mean, std=1.0, *, generator=None):
     # eager: normal_(0, std) on a fresh contiguous tensor of mean's shape, then add_(mean)
     pairwise = _pairwise(mean.numel(), True)
-    noise = _scaled(aten.randn.default, mean, std, 0.0, generator, pairwise, contiguous=True)
+    noise = _normal(mean, std, 0.0, generator, pairwise, contiguous=True)
     return aten.add.Tensor(noise, mean)
 
 
