@@ -98,8 +98,13 @@ class Results:
     """Every sample's outcome, for the summary written at the end of a full run."""
 
     def __init__(self):
+        from .summary import checkout_commit
+
         self.rows: list = []  # (op name, dtype name, sample index, Outcome, expected reason or None)
         self.started = time.time()
+        # the code a run tests is the code it imported at its start: a checkout that moves on
+        # during a long run (the next shard's fixes) must not name the run's results
+        self.commit = checkout_commit(os.path.dirname(__file__))
 
     def add(self, name, dtype, index, outcome, expected):
         self.rows.append((name, dtype, index, outcome, expected))

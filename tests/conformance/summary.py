@@ -14,7 +14,7 @@ import torch
 from . import harness
 from .harness import CLASSES
 
-__all__ = ["write_summary", "write_shard", "merge_shards"]
+__all__ = ["write_summary", "write_shard", "merge_shards", "checkout_commit"]
 
 
 def _collect(results):
@@ -88,7 +88,7 @@ def write_summary(results, directory: str, full: bool = True, extra: dict | None
         f.write(_markdown(meta, ops))
 
 
-def _commit(directory: str) -> str:
+def checkout_commit(directory: str) -> str:
     """The checkout's commit, with ``+dirty`` when tracked files differ from it ("" outside git)."""
     import subprocess
 
@@ -113,7 +113,7 @@ def write_shard(
         "shard": [i, n],
         "full": full,
         "scope": _scope(full),
-        "commit": _commit(directory),
+        "commit": getattr(results, "commit", None) or checkout_commit(directory),
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "wall_s": round(time.time() - results.started),

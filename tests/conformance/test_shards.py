@@ -92,3 +92,13 @@ def test_collecting_a_shard_writes_no_rows(tmp_path, monkeypatch):
 
     assert not finish(collectonly=True)
     assert finish(collectonly=False)  # (the control: a run's shard is written)
+
+
+def test_a_shard_names_the_commit_its_run_started_at(tmp_path):
+    # a long run's checkout moved on before its shard was written: the shard named the later commit
+    r = Results()
+    assert r.commit  # read at the start, from the checkout
+    r.commit = "abc1234"
+    write_shard(r, str(tmp_path), (1, 1), [], 0, part="test_opinfo")
+    with open(tmp_path / "shards" / "test_opinfo" / "1-of-1.json") as f:
+        assert json.load(f)["commit"] == "abc1234"
