@@ -362,13 +362,6 @@ PAIRWISE = {
 }
 
 
-@pytest.mark.parametrize("tier", ["direct", "traced"])
-@pytest.mark.parametrize("name", sorted(PAIRWISE))
-def test_normal_draws_take_the_kernels_order(name, tier, monkeypatch):
-    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2" if tier == "direct" else "0")
-    _eager_exact(PAIRWISE[name], generator_seed=3 if "generator" in name else None)
-
-
 def test_the_report_says_where_randn_like_draws_another_stream():
     _, mode = _eager_exact(lambda g: torch.randn_like(torch.zeros(3, 20).t()))
     rows = [r for r in mode.report().rows if str(r.op) == "aten.randn_like.default"]
@@ -390,11 +383,14 @@ UNIFORMS = {
 }
 
 
+FILLS = {**{f"normal: {k}": f for k, f in PAIRWISE.items()}, **{f"uniform: {k}": f for k, f in UNIFORMS.items()}}
+
+
 @pytest.mark.parametrize("tier", ["direct", "traced"])
-@pytest.mark.parametrize("name", sorted(UNIFORMS))
-def test_uniform_draws_are_eagers_to_the_last_bit(name, tier, monkeypatch):
+@pytest.mark.parametrize("name", sorted(FILLS))
+def test_normal_and_uniform_fills_are_eagers_to_the_last_bit(name, tier, monkeypatch):
     monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2" if tier == "direct" else "0")
-    _eager_exact(UNIFORMS[name], generator_seed=3 if "generator" in name else None)
+    _eager_exact(FILLS[name], generator_seed=3 if "generator" in name else None)
 
 
 def _initialized():
