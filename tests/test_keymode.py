@@ -255,6 +255,22 @@ def test_nested_modes_compose_through_the_python_path():
     torch.testing.assert_close(y, F.silu(x))
 
 
+@needs_key
+def test_record_function_passes_through_in_cxx(monkeypatch):
+    # an optimizer step opens a record_function range: its enter and exit ops pass the key in C++
+    entered = []
+    real = keymode._op
+    monkeypatch.setattr(keymode, "_op", lambda name, overload: entered.append(name) or real(name, overload))
+    with ed.EagerDecompMode("core_aten") as mode:
+        for _ in range(3):
+            with torch.autograd.profiler.record_function("step"):
+                pass
+    assert mode.path == CXX
+    assert not [n for n in entered if n.startswith("profiler::")]
+    row = mode.report().row(torch.ops.profiler._record_function_enter_new.default)
+    assert row.route == "passthrough" and row.calls == 3
+
+
 @pytest.mark.skipif(not witness_available(), reason="the witness needs the C++ library")
 def test_the_witness_sees_what_reaches_the_kernels():
     x = torch.randn(4)

@@ -56,6 +56,7 @@ __all__ = [
     "CUSTOM_KERNEL",
     "custom_route",
     "is_infrastructure",
+    "infrastructure_ops",
     "is_communication",
     "passes_through",
     "python_kernel_key",
@@ -106,6 +107,19 @@ def is_infrastructure(func) -> bool:
     """True for ops of an infrastructure namespace (``prim::``, ``profiler::``)."""
     route = NAMESPACES.get(func.namespace)
     return route is not None and route.name == INFRASTRUCTURE
+
+
+def infrastructure_ops() -> list:
+    """The registered ops of the infrastructure namespaces (record_function's enter and exit):
+    the mode's C++ key passes them below as it does opset ops, never entering Python."""
+    prefixes = tuple(f"{ns}::" for ns, rule in NAMESPACES.items() if rule.name == INFRASTRUCTURE)
+    out = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith(prefixes):
+            ns, _, rest = name.partition("::")
+            base, _, overload = rest.partition(".")
+            out.append(getattr(getattr(getattr(torch.ops, ns), base), overload or "default"))
+    return out
 
 
 def is_communication(func) -> bool:
