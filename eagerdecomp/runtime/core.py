@@ -7,6 +7,7 @@ dict, so a call costs one lookup before its real work.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -505,7 +506,8 @@ class Runtime:
         log.info(
             "%s: traced in %.1f ms into %d opset op(s)", func, 1e3 * (time.perf_counter() - t0), len(kernel.leaf_ops)
         )
-        log.debug("%s: kernel code:%s", func, kernel.code)
+        if log.isEnabledFor(logging.DEBUG):  # (the code is generated for the log alone)
+            log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
         if store is not None:
             store.save_kernel(key, kernel)

@@ -249,11 +249,26 @@ class LiftRefused(Exception):
 
 
 def same_kernel(a, b) -> bool:
-    """The two stand-in traces of a lifted call made one kernel: same code, warnings and constants."""
-    consts_a, consts_b = a.module._constants, b.module._constants
+    """The two stand-in traces of a lifted call made one kernel: same graph, warnings and constants."""
+    consts_a, consts_b = a.constants, b.constants
     return (
-        a.module.code == b.module.code
+        _graph_words(a.graph) == _graph_words(b.graph)
         and a.warnings == b.warnings
         and consts_a.keys() == consts_b.keys()
         and all(consts_a[n].dtype == consts_b[n].dtype and torch.equal(consts_a[n], consts_b[n]) for n in consts_a)
     )
+
+
+def _graph_words(graph) -> list:
+    """Per node its kind, target and arguments, nodes by position and other values by ``repr``:
+    equal exactly when FX would generate the same code, without generating it."""
+    index = {n: i for i, n in enumerate(graph.nodes)}
+
+    def word(v):
+        if isinstance(v, (list, tuple)):
+            return type(v).__name__, tuple(word(x) for x in v)
+        if isinstance(v, dict):
+            return "dict", tuple((k, word(x)) for k, x in v.items())
+        return ("node", index[v]) if isinstance(v, torch.fx.Node) else repr(v)
+
+    return [(n.op, repr(n.target), word(n.args), word(n.kwargs)) for n in graph.nodes]

@@ -45,7 +45,7 @@ from eagerdecomp.runtime.key import Bypass
 from eagerdecomp.runtime.lift import LiftRefused, same_kernel, stand_ins, with_values
 from eagerdecomp.runtime.lower import Lowerer, Stuck
 from eagerdecomp.runtime.quiet import issue_once, quiet
-from eagerdecomp.runtime.replay import Kernel
+from eagerdecomp.runtime.replay import Deferred, Kernel
 from eagerdecomp.runtime.symbolic import (
     Guard,
     NotGeneric,
@@ -398,7 +398,8 @@ def _trace_once(
     # the life of the process; one name per op keeps that bounded (a traceback may then show
     # another kernel's source of the same op).
     emitter.graph._co_fields = {"co_filename": f"<eagerdecomp kernel {func}>"}
-    module = fx.GraphModule(emitter.constants, emitter.graph, class_name=f"Kernel_{func.__name__.replace('.', '_')}")
-    module._constants = emitter.constants
+    # NOTE: the module (FX's code generation and compile, ~1 ms) is made only if the kernel runs
+    # in Python past its first calls: on the C++ paths a key's program, made from the graph, runs it
+    module = Deferred(emitter.graph, emitter.constants, f"Kernel_{func.__name__.replace('.', '_')}")
     # (a once-per-process warning fired for this call: raised now, never replayed)
     return Kernel(func, module, spec, [(text, UserWarning) for text in issue_once(caught)], fixups)

@@ -1,6 +1,7 @@
-"""Replay of a kernel loaded from disk (a bundle, a shape family): its first calls walk the
-graph node by node, the next one makes its ``fx.GraphModule``; both give what the traced
-kernel gives, bit for bit, with its views and in-place writes."""
+"""Replay of a kernel traced or loaded from disk (a bundle, a shape family): its first calls
+walk the graph node by node, the next one makes its ``fx.GraphModule``; both give what the
+traced kernel gives, bit for bit, with its views and in-place writes. On the C++ paths a
+traced kernel's module is never made."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import eagerdecomp as ed
-from eagerdecomp.runtime import disk, replay
+from eagerdecomp.runtime import disk, keymode, replay
 from eagerdecomp.runtime.family import read_ints
 
 pytestmark = pytest.mark.usefixtures("trace_first")  # (one call traces the kernel)
@@ -76,6 +77,27 @@ def test_a_loaded_kernel_walks_its_graph_then_makes_its_module(no_disk, name):
         for a, b in zip(keyed, mine):  # what the call wrote
             assert torch.equal(a, b)
     assert isinstance(loaded.module, fx.GraphModule)
+
+
+@pytest.mark.skipif(keymode.key() is None, reason="the C++ key path needs the C++ library")
+def test_a_kernel_traced_on_the_cxx_key_never_makes_its_module(monkeypatch):
+    monkeypatch.setenv("EAGERDECOMP_DISK_CACHE", "0")
+    ed.cache_clear()
+    v = _tensors()
+    y = v["y"].clone()
+    with ed.EagerDecompMode("core_aten") as mode:
+        for _ in range(4):  # traced (a lifted float: two stand-in traces compared), then C++ hits
+            aten.addcmul_.default(y, v["x"], v["t"], value=0.3)
+            aten.mish.default(v["t"])
+    want = v["y"].clone()
+    for _ in range(4):
+        want.addcmul_(v["x"], v["t"], value=0.3)
+    torch.testing.assert_close(y, want)  # (addcmul's decomposition is within an ulp: docs/limits.md)
+    for op in (aten.addcmul_.default, aten.mish.default):
+        (kernel,) = mode.runtime.cache.kernels_of(op)
+        assert type(kernel._module) is replay.Deferred, op
+        assert mode.report().row(op).cpp_hits == 3
+    ed.cache_clear()
 
 
 def test_a_graph_with_another_kind_of_node_makes_its_module_at_once(no_disk):
