@@ -327,8 +327,9 @@ class Runtime:
         """A call whose key is not hot yet: its decomposition run on its own tensors, with a
         trace's checks (:mod:`eagerdecomp.runtime.direct`), no kernel made."""
         func, tiers = miss.func, self.cache.tiers
+        known = tiers.known(miss.key)
         try:
-            a = (func, miss.args, miss.kwargs, self.opset, self.table, miss.tensors, tiers.known(miss.key))
+            a = (func, miss.args, miss.kwargs, self.opset, self.table, miss.tensors, known)
             out, ran, ref = ranged("direct", func, run_direct, *a) if profiling() else run_direct(*a)
         except Stuck:
             # NOTE: no path, found before anything was written or drawn: the trace decides what
@@ -341,7 +342,8 @@ class Runtime:
                 e.stuck.chain,
                 f"{e.stuck.reason}, met after part of the call had run (run with EAGERDECOMP_TRACE_AFTER=0)",
             ) from None
-        tiers.keep(miss.key, ref)
+        if known is None:
+            tiers.keep(miss.key, ref)
         if func not in self.stats.leaf_ops or not ran <= self.stats.leaf_ops[func]:
             self.stats.record_ops(func, ran)
         self.stats.record(func, Route.DIRECT, None, None)

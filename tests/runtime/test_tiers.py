@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import eagerdecomp as ed
-from eagerdecomp.runtime.tiers import trace_after
+from eagerdecomp.runtime.tiers import Tiers, trace_after
 from eagerdecomp.testing import RecordingMode
 from tests.compare import assert_like_eager
 from tests.conformance.harness import copy_args
@@ -130,6 +130,22 @@ def test_a_key_runs_direct_then_traces_then_replays(monkeypatch):
     for o in outs:
         assert torch.equal(o, want)
     assert "direct" in str(mode.report()).splitlines()[0]
+
+
+def test_a_keys_eager_metadata_is_made_and_kept_once(monkeypatch):
+    # the meta kernel over fakes costs more than most decompositions: a key's later direct
+    # calls reuse what its first one kept, and keep nothing again
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "4")
+    kept = []
+    real = Tiers.keep
+    monkeypatch.setattr(Tiers, "keep", lambda self, key, ref: kept.append(key) or real(self, key, ref))
+    x = torch.randn(4, 5)
+    with ed.EagerDecompMode("core_aten") as mode:
+        outs = [torch.nn.functional.hardswish(x) for _ in range(4)]
+    assert mode.report().row("aten.hardswish.default").direct == 4
+    assert len(kept) == 1
+    for o in outs:
+        assert torch.equal(o, torch.nn.functional.hardswish(x))
 
 
 def test_trace_after_zero_traces_at_the_first_call(monkeypatch):
