@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from eagerdecomp.errors import DeviceMismatchError, MismatchError
 from eagerdecomp.ops.checks import check
 from eagerdecomp.ops.schema import out_args, resizes_like_functional, returns_tensor
+from eagerdecomp.runtime import metaref
 from eagerdecomp.runtime.lower import IDENTITY_OPS
 from eagerdecomp.runtime.quiet import issue_once, quiet
 
@@ -321,13 +322,15 @@ _META_STRICTER = {
 }
 
 
-def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
+def reference(func, args, kwargs, mode=None, fakes=None, refuse=False, concrete=False):
     """Eager's output metadata for this call (a :class:`_Ref`); None if the op has no meta kernel.
 
     ``mode`` and ``fakes`` (the call's tensors in key order) are given for a family trace,
     whose fakes have symbolic sizes. ``refuse=True`` first raises what :mod:`eagerdecomp.checks`
     knows eager raises, then answers a rejection by the meta kernel with a :class:`Refusal`
-    (one it checks with AssertionError is raised at once, as eager's RuntimeError).
+    (one it checks with AssertionError is raised at once, as eager's RuntimeError). ``concrete``:
+    ``fakes`` are :func:`fakes_like`'s at concrete sizes, whose meta kernel may then run without
+    the mode's whole dispatch (:mod:`eagerdecomp.runtime.metaref`).
     """
     if refuse:
         check(func, args, kwargs)
@@ -350,28 +353,16 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         if like_functional
         else ()
     )
-    try:
-        # the real call warns for itself, but for eager's once-per-process warnings: the meta
-        # function that raises them is eager's own, and its flag fires here (quiet.py)
-        with quiet() as caught, mode:
-            out = func(*fargs, **fkwargs)
-    except _no_meta():
-        return None if on_host is None or func._schema.is_mutable else _host_reference(func, args, kwargs, on_host)
-    except AssertionError as e:
-        # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
-        # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message;
-        # the decomposition would raise the AssertionError itself
-        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
-            raise RuntimeError(str(e)) from None
-        return None
-    except (RuntimeError, ValueError, IndexError) as e:  # what argument checks raise (torch._check...)
-        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
-            return Refusal(e)
-        return None
-    except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
-        return None
+    quick = None
+    if concrete and not moved and not like_functional and metaref.applies(func):
+        quick = metaref.answer(func, fargs, fkwargs, mode)
+    if quick is not None:
+        outs, caught = quick
+    else:
+        outs, caught = _fake_outputs(func, args, kwargs, fargs, fkwargs, mode, on_host, refuse)
+        if outs is None or isinstance(outs, (_Ref, Refusal)):
+            return outs
     issue_once(caught)
-    outs = tree_flatten(out)[0]
     if func in _META_LAYOUT_FIXES:
         with mode:
             outs = [_META_LAYOUT_FIXES[func](o, fargs) for o in outs]
@@ -381,6 +372,34 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False):
         if any(b != o.shape for b, o in zip(shapes, outs)):
             outs = _functional_strides(func, fargs, fkwargs, outs, shapes, mode)
     return _Ref(outs, fakes)
+
+
+def _fake_outputs(func, args, kwargs, fargs, fkwargs, mode, on_host, refuse):
+    """``(flat outputs, caught warnings)`` of the meta kernel run on the fakes; or ``(answer,
+    None)`` where :func:`reference` answers at once: None, a :class:`Refusal`, or the CPU's layout."""
+    try:
+        # the real call warns for itself, but for eager's once-per-process warnings: the meta
+        # function that raises them is eager's own, and its flag fires here (quiet.py)
+        with quiet() as caught, mode:
+            out = func(*fargs, **fkwargs)
+    except _no_meta():
+        if on_host is None or func._schema.is_mutable:
+            return None, None
+        return _host_reference(func, args, kwargs, on_host), None
+    except AssertionError as e:
+        # NOTE: Python meta kernels (many are PyTorch's decompositions) check arguments with
+        # AssertionError where eager's TORCH_CHECK raises RuntimeError, with the same message;
+        # the decomposition would raise the AssertionError itself
+        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
+            raise RuntimeError(str(e)) from None
+        return None, None
+    except (RuntimeError, ValueError, IndexError) as e:  # what argument checks raise (torch._check...)
+        if refuse and _refused_by_the_op_itself(e) and func not in _META_STRICTER:
+            return Refusal(e), None
+        return None, None
+    except Exception:  # noqa: BLE001 - a meta kernel's own bug (None.device): says nothing of the call
+        return None, None
+    return tree_flatten(out)[0], caught
 
 
 def eager_reference(func, args, kwargs, tensors=None, known=None) -> tuple:
@@ -398,7 +417,7 @@ def eager_reference(func, args, kwargs, tensors=None, known=None) -> tuple:
     with _disable_current_modes():  # the meta kernel's calls are no mode's to see
         if tensors is not None and plain(tensors):
             mode = concrete_fake_mode(tensors)
-            ref = reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True)
+            ref = reference(func, args, kwargs, mode, fakes_like(mode, tensors), refuse=True, concrete=True)
             # (an op with no meta kernel on the switch's device: eager's layout from the CPU's
             # kernel, which only the full reference asks)
             if ref is not None or real_kernels_ok(tensors):
