@@ -357,7 +357,7 @@ def reference(func, args, kwargs, mode=None, fakes=None, refuse=False, concrete=
     if concrete and not moved and not like_functional and metaref.applies(func):
         quick = metaref.answer(func, fargs, fkwargs, mode)
     if quick is not None:
-        outs, caught = quick
+        outs, caught = tree_flatten(quick[0])[0], quick[1]
     else:
         outs, caught = _fake_outputs(func, args, kwargs, fargs, fkwargs, mode, on_host, refuse)
         if outs is None or isinstance(outs, (_Ref, Refusal)):

@@ -7,7 +7,9 @@ the inputs' device; the dispatch that decides so (its preamble's checks, its own
 ~100 ops) was a third of a reference, measured (a ``t``'s 214 -> 136 us, an ``addcmul_``'s
 520 -> 421 us). :func:`answer` runs that last leg of FakeTensorMode's dispatch,
 its meta kernel call and output wrapping, for the ops where the mode would reach it
-(:func:`applies`); anything else, or any error, goes through the mode's whole dispatch.
+(:func:`applies`); anything else, or any error, goes through the mode's whole dispatch. An exact
+trace takes the same leg for each opset op it records (an ``addcmul_``'s two stand-in traces,
+~5.5 -> ~4.5 ms).
 """
 
 from __future__ import annotations
@@ -57,9 +59,12 @@ def applies(func) -> bool:
 
 def answer(func, fargs, fkwargs, mode):
     """``(outputs, caught)``: ``func``'s outputs on the fakes ``fargs``/``fkwargs`` of ``mode`` as the
-    mode's dispatch would make them, flat, and the warnings :func:`quiet` caught; or None where
-    the meta kernel raised (the mode's dispatch then decides: eager's error, or no metadata)."""
+    mode's dispatch would make them, and the warnings :func:`quiet` caught meanwhile; or None
+    where the meta kernel raised (the mode's dispatch then decides: eager's error, or no
+    metadata; the warnings of the attempt are dropped)."""
     flat_args = tree_flatten((fargs, fkwargs))[0]
+    if any(getattr(a, "constant", None) is not None for a in flat_args):
+        return None  # (the mode propagates a constant's value: a decomposition's torch.tensor())
     try:
         with _disable_current_modes(), quiet() as caught:
             with in_kernel_invocation_manager(mode):
@@ -67,4 +72,4 @@ def answer(func, fargs, fkwargs, mode):
             out = mode.wrap_meta_outputs_with_default_device_logic(out, func, flat_args, device=None)
     except Exception:  # noqa: BLE001 - the mode's dispatch runs it again and decides what it means
         return None
-    return tree_flatten(out)[0], caught
+    return out, caught

@@ -23,7 +23,7 @@ import warnings
 from eagerdecomp.ops.attribution import warn_as_eager
 from eagerdecomp.ops.checks import ONCE, ONCE_MESSAGES, warn_once
 
-__all__ = ["quiet", "RESIZE_MESSAGE", "once", "issue_once", "replay_once"]
+__all__ = ["quiet", "forward", "RESIZE_MESSAGE", "once", "issue_once", "replay_once"]
 
 # NOTE: the text of eager's out= resize warning (ATen's resize_output, torch's out_wrapper and
 # ours all contain it), of its deprecation of writing expanded tensors (overlap.py) and of its
@@ -99,6 +99,13 @@ def quiet():
         yield caught
     finally:
         _tls.caught = outer
+
+
+def forward(caught) -> None:
+    """Record ``caught`` (an inner :func:`quiet` block's texts) in this thread's enclosing block."""
+    outer = getattr(_tls, "caught", None)
+    if outer is not None:
+        outer.extend(caught)
 
 
 def once(text: str) -> bool:

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from torch.utils._pytree import tree_flatten
 
 from eagerdecomp.errors import MismatchError, TraceError, UnsupportedOpError
+from eagerdecomp.runtime import metaref
 from eagerdecomp.runtime.exact import (
     check_devices,
     concrete_fake_mode,
@@ -44,7 +45,7 @@ from eagerdecomp.runtime.family import Member, out_meta, read_ints
 from eagerdecomp.runtime.key import Bypass
 from eagerdecomp.runtime.lift import LiftRefused, same_kernel, stand_ins, with_values
 from eagerdecomp.runtime.lower import Lowerer, Stuck
-from eagerdecomp.runtime.quiet import issue_once, quiet
+from eagerdecomp.runtime.quiet import forward, issue_once, quiet
 from eagerdecomp.runtime.replay import Deferred, Kernel
 from eagerdecomp.runtime.symbolic import (
     Guard,
@@ -82,6 +83,7 @@ class _Emitter:
         self.scalars: dict = {}  # stand-in value of a lifted float -> its placeholder
         self.sym = None  # a SymGraph in a family trace: symbolic sizes -> graph values
         self.inputs: list = []  # placeholder nodes, in key order
+        self.concrete = fake_mode.shape_env is None  # (sizes are ints: no symbolic reasoning to keep)
 
     def placeholder(self, fake, i: int) -> None:
         node = self.graph.placeholder(f"t{i}")
@@ -132,7 +134,15 @@ class _Emitter:
     def __call__(self, func, args, kwargs):
         nargs = self._map(self.node, args)
         nkwargs = {k: self._map(self.node, v) for k, v in kwargs.items()}
-        out = func(*self._map(self._fake, args), **{k: self._map(self._fake, v) for k, v in kwargs.items()})
+        fargs, fkwargs = self._map(self._fake, args), {k: self._map(self._fake, v) for k, v in kwargs.items()}
+        quick = None
+        if self.concrete and metaref.applies(func):  # (the fake mode's meta leg alone: metaref.py)
+            quick = metaref.answer(func, fargs, fkwargs, self.fake_mode)
+        if quick is not None:
+            out = quick[0]
+            forward(quick[1])
+        else:
+            out = func(*fargs, **fkwargs)
         self.bind(out, self.graph.call_function(func, nargs, nkwargs))
         return out
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
 
 from eagerdecomp.runtime import exact, metaref
 
@@ -99,3 +100,51 @@ def test_ops_the_fake_mode_answers_by_its_own_rules_are_left_to_it():
     assert not metaref.applies(aten.index.Tensor)  # the mode's own rule
     assert not metaref.applies(aten.hardswish.default)  # torch's decomposition over fakes
     assert not metaref.applies(aten.t_.default)  # an in-place view
+
+
+# (op, arguments): calls whose decompositions emit views, in-place writes, reductions,
+# type promotion and several outputs
+_TRACED = {
+    "addcmul_": (aten.addcmul_.default, lambda: (torch.randn(5, 7), torch.randn(5, 7), torch.randn(7, 5).t())),
+    "silu_backward": (aten.silu_backward.default, lambda: (torch.randn(4, 6), torch.randn(4, 6))),
+    "split": (aten.split.Tensor, lambda: (torch.randn(5, 7), 2)),
+    "log_softmax_backward": (
+        aten._log_softmax_backward_data.default,
+        lambda: (torch.randn(3, 8), torch.randn(3, 8), 1, torch.float32),
+    ),
+    "nll_loss_forward": (
+        aten.nll_loss_forward.default,
+        lambda: (torch.randn(4, 3), torch.tensor([0, 2, 1, 2]), None, 1, -100),
+    ),
+    "sdpa": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        lambda: tuple(torch.randn(1, 2, 5, 4) for _ in range(3)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_TRACED))
+def test_a_trace_through_the_meta_leg_is_the_trace_through_the_whole_dispatch(name, monkeypatch):
+    from eagerdecomp.decompositions.table import default_table
+    from eagerdecomp.ops.opset import OpSet
+    from eagerdecomp.runtime.key import make_key
+    from eagerdecomp.runtime.lift import _graph_words
+    from eagerdecomp.runtime.trace import trace
+
+    func, make = _TRACED[name]
+    opset = OpSet.preset("core_aten")
+    table = default_table(opset)
+    args = make()
+    _, tensors = make_key(func, args, {})
+    used = []
+    real = metaref.applies
+    monkeypatch.setattr(metaref, "applies", lambda f: used.append(f) or real(f))
+    quick = trace(func, args, {}, tensors, opset, table)
+    monkeypatch.setattr(metaref, "applies", lambda f: False)
+    whole = trace(func, args, {}, tensors, opset, table)
+    assert any(real(f) for f in used)  # the meta leg served some of the trace's ops
+    assert _graph_words(quick.graph) == _graph_words(whole.graph)
+    assert quick.warnings == whole.warnings and quick.constants.keys() == whole.constants.keys()
+    for a, b in zip(*(tree_flatten(k([t.clone() for t in tensors]))[0] for k in (quick, whole))):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b) and a.stride() == b.stride() and a.dtype == b.dtype
