@@ -137,7 +137,7 @@ class _Emitter:
         fargs, fkwargs = self._map(self._fake, args), {k: self._map(self._fake, v) for k, v in kwargs.items()}
         quick = None
         if self.concrete and metaref.applies(func):  # (the fake mode's meta leg alone: metaref.py)
-            quick = metaref.answer(func, fargs, fkwargs, self.fake_mode)
+            quick = metaref.answer(func, fargs, fkwargs, self.fake_mode, decompose=False)
         if quick is not None:
             out = quick[0]
             forward(quick[1])
