@@ -483,8 +483,9 @@ class Runtime:
         known = tiers.known(key)  # (eager's metadata from its direct calls: the trace needs it too)
         if tiered(func) and tiers.cold(key, fkey):
             return None, Answer.COLD  # (nothing stored: the next call of this key asks again)
-        # NOTE: a shape-generic trace costs several exact ones: taken once its family has met
-        # enough shapes (tiers.FAMILY_SHAPES), never for a key whose shape is its program's only one
+        # NOTE: a shape-generic trace costs ten to twenty exact ones: taken once its family has
+        # paid about that in exact traces (tiers.FAMILY_TRACES), never for a key whose shape is its
+        # program's only one
         if fkey is not None and (not tiered(func) or tiers.varies(fkey)):
             kernel = self._from_family(miss)
             if kernel is not None:
@@ -511,6 +512,7 @@ class Runtime:
         if log.isEnabledFor(logging.DEBUG):  # (the code is generated for the log alone)
             log.debug("%s: kernel code:%s", func, kernel.code)
         self.stats.record_kernel(kernel)
+        tiers.traced(fkey)
         if store is not None:
             store.save_kernel(key, kernel)
         return kernel, Answer.TRACED

@@ -33,11 +33,13 @@ _MAX_COUNTED = 1 << 16
 # change every step (dynamic padding) reach it within a few steps
 FAMILY_KEYS = 8
 
-# NOTE: a shape-generic trace costs about as much as six exact ones (36 against 5.5 ms for
-# AdamW's updates in the demo): a hot key of a family that has met fewer shapes gets its
-# exact trace. The first step of a model whose parameters share a few shapes otherwise
-# paid one symbolic trace per optimizer op for keys repeated within the step.
-FAMILY_SHAPES = 6
+# NOTE: a shape-generic trace costs ten to twenty exact ones (BERT's AdamW updates: 30-75 ms
+# against ~4 ms), so a family pays exact traces for its hot keys until they add up to about one
+# shape-generic trace, then takes that (rent until renting has cost the price of buying). An
+# optimizer's parameters are a fixed handful of shapes per family: they keep exact kernels
+# (counting shapes met instead, BERT's second step paid ~190 ms of symbolic traces for them);
+# shapes that change every step (dynamic padding, a growing KV cache) reach it within steps.
+FAMILY_TRACES = 8
 
 
 def trace_after() -> int:
@@ -60,6 +62,7 @@ class Tiers:
     def __init__(self):
         self._seen: dict = {}
         self._refs: dict = {}  # key -> eager's metadata for it (exact.reference), while it is cold
+        self._traced: dict = {}  # family -> exact traces made for its keys
         self._lock = threading.Lock()
 
     def cold(self, key, fkey=None) -> bool:
@@ -76,16 +79,29 @@ class Tiers:
             if len(seen) >= _MAX_COUNTED:
                 seen.clear()
                 self._refs.clear()
+                self._traced.clear()
             seen[key] = n + 1
             if fkey is not None and n == 0:  # (a family counts its distinct keys)
                 seen[fkey] = f + 1
             return True
 
     def varies(self, fkey) -> bool:
-        """Whether family ``fkey`` has met enough shapes (:data:`FAMILY_SHAPES`) for a shape-generic
-        trace to pay (always, with tiers off: every key is then traced at its first call,
-        shape-generic where it can be, as before tiers)."""
-        return fkey is not None and (trace_after() <= 0 or self._seen.get(fkey, 0) >= FAMILY_SHAPES)
+        """Whether family ``fkey``'s next trace should be shape-generic: it has paid
+        :data:`FAMILY_TRACES` exact ones, or met so many distinct keys that the family itself is
+        hot (always, with tiers off: every key is then traced at its first call, shape-generic
+        where it can be, as before tiers)."""
+        if fkey is None:
+            return False
+        after = trace_after()
+        if after <= 0:
+            return True
+        return self._traced.get(fkey, 0) >= FAMILY_TRACES or self._seen.get(fkey, 0) >= after * FAMILY_KEYS
+
+    def traced(self, fkey) -> None:
+        """Count an exact trace made for a key of family ``fkey``."""
+        if fkey is not None:
+            with self._lock:
+                self._traced[fkey] = self._traced.get(fkey, 0) + 1
 
     def known(self, key):
         """Eager's metadata for ``key`` that an earlier direct call kept, or None."""
@@ -109,3 +125,4 @@ class Tiers:
         with self._lock:
             self._seen.clear()
             self._refs.clear()
+            self._traced.clear()

@@ -177,6 +177,46 @@ def test_a_shape_family_grows_hot_although_no_key_repeats(monkeypatch):
     assert row.direct == FAMILY_KEYS and row.traces + row.family >= 1, str(mode.report())
 
 
+def _shape_generic_traces(monkeypatch) -> list:
+    from eagerdecomp.runtime import core
+
+    made, real = [], core.trace_family
+    monkeypatch.setattr(core, "trace_family", lambda func, *a, **k: made.append(func) or real(func, *a, **k))
+    return made
+
+
+def test_a_fixed_set_of_shapes_keeps_exact_kernels(monkeypatch):
+    # an optimizer's parameters: a handful of shapes met every step, never a new one after
+    from eagerdecomp.runtime.tiers import FAMILY_TRACES
+
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    made = _shape_generic_traces(monkeypatch)
+    xs = [torch.randn(3, n) for n in range(2, 2 + FAMILY_TRACES - 1)]
+    with ed.EagerDecompMode("core_aten") as mode:
+        for _ in range(5):  # steps
+            got = [torch.nn.functional.hardswish(x) for x in xs]
+    assert made == []
+    row = mode.report().row("aten.hardswish.default")
+    assert row.traces == len(xs) and row.family == 0, str(mode.report())
+    assert all(torch.equal(g, torch.nn.functional.hardswish(x)) for g, x in zip(got, xs))
+
+
+def test_shapes_that_keep_changing_take_a_shape_generic_trace_once_exact_ones_add_up(monkeypatch):
+    # dynamic padding in a deep model: a new length every step, its keys hot within the step
+    from eagerdecomp.runtime.tiers import FAMILY_TRACES
+
+    monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
+    made = _shape_generic_traces(monkeypatch)
+    with ed.EagerDecompMode("core_aten") as mode:
+        for n in range(2, 2 + FAMILY_TRACES + 4):
+            x = torch.randn(3, n)
+            got = [torch.nn.functional.hardswish(x) for _ in range(4)]  # layers
+            assert all(torch.equal(g, torch.nn.functional.hardswish(x)) for g in got)
+    assert made == [aten.hardswish.default]
+    row = mode.report().row("aten.hardswish.default")
+    assert row.traces == FAMILY_TRACES + 1 and row.family >= 3, str(mode.report())
+
+
 def test_no_path_found_direct_is_remembered_and_runs_nothing_twice(monkeypatch):
     monkeypatch.setenv("EAGERDECOMP_TRACE_AFTER", "2")
     opset = ed.OpSet.preset("core_aten") - {"aten.mul.Tensor"}
