@@ -147,7 +147,7 @@ class Compiled:
         """The op's outputs as replay's graph returns them: checks, compiled code, writes."""
         p = self.plan
         if p.fused and _shares_storage(inputs, p.fused):
-            return list(self.kernel.fn(*inputs))  # compiled for unaliased inputs: replay this call
+            return list(self.kernel.module.forward(*inputs))  # compiled for unaliased inputs: replay this call
         if not p.unshared_ok:  # (with no memory shared, the overlap checks pass as they did at compile time)
             for check, (args, kwargs) in p.checks:
                 check(*_fill(args, inputs), **_fill(kwargs, inputs))
@@ -575,7 +575,7 @@ class Compiler:
             fn = self.fn(p.module, list(inputs))  # functional (or fused: compiled over fakes), inputs only read
             compiled = Compiled(fn, kernel, p, 0.0)
             theirs_before = [theirs[i]._version for i in written]
-            want = kernel.fn(*theirs)
+            want = kernel.module.forward(*theirs)
             # replay's version count for each written input, in this very context (the mode's)
             advanced = tuple(theirs[i]._version - b for i, b in zip(written, theirs_before))
             if p.fused:
